@@ -1,0 +1,1 @@
+"""Trainyard's API side: settings, database, job store, HTTP app and CLI."""

@@ -1,0 +1,1 @@
+"""HTTP routers; the only place that knows about status codes."""

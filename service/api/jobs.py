@@ -1,0 +1,139 @@
+"""/api/v1/jobs: submit, list, inspect, cancel; metrics, logs and artifacts of a job."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi.responses import FileResponse
+from sqlmodel import col, select
+
+from service import store
+from service.api.deps import EngineDep, SessionDep, SettingsDep
+from service.artifacts import artifact_path, list_artifacts
+from service.catalog import check_spec
+from service.models import (
+    JOB_EXAMPLE,
+    JobCreate,
+    JobList,
+    JobRead,
+    JobStatus,
+    LogLine,
+    LogLineRead,
+    Metric,
+    MetricRead,
+)
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    summary="Submit a training job",
+    responses={409: {"description": "Idempotency-Key reused with another spec"}},
+)
+def submit_job(
+    spec: Annotated[JobCreate, Body(openapi_examples={"ddp": {"value": JOB_EXAMPLE}})],
+    response: Response,
+    engine: EngineDep,
+    session: SessionDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(max_length=200, description="Retries with the same key return the same job."),
+    ] = None,
+) -> JobRead:
+    """Validate a job spec against the recipe catalog and enqueue it."""
+    reason = check_spec(session, spec)
+    session.rollback()  # end the read transaction before the write one begins
+    job, created = store.create_job(engine, spec, idempotency_key=idempotency_key, reason=reason)
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return JobRead.from_row(job)
+
+
+@router.get("", summary="List jobs, newest first")
+def list_jobs(
+    session: SessionDep,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobList:
+    """Jobs, optionally of one status, newest first."""
+    rows, total = store.list_jobs(session, status=status_, limit=limit, offset=offset)
+    return JobList(
+        items=[JobRead.from_row(j) for j in rows], total=total, limit=limit, offset=offset
+    )
+
+
+@router.get("/{job_id}", summary="Get a job's status, reason and progress")
+def get_job(job_id: int, session: SessionDep) -> JobRead:
+    """One job, with its live progress and, while queued, its place in the queue."""
+    job = store.get_job(session, job_id)
+    return JobRead.from_row(job, store.queue_position(session, job))
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Cancel a job",
+    responses={409: {"description": "The job already finished"}},
+)
+def cancel_job(job_id: int, engine: EngineDep) -> JobRead:
+    """Cancel a queued job now, or ask the worker to stop a running one. Idempotent."""
+    return JobRead.from_row(store.cancel_job(engine, job_id))
+
+
+@router.get("/{job_id}/metrics", summary="A job's metric time series")
+def get_metrics(
+    job_id: int,
+    session: SessionDep,
+    name: Annotated[str | None, Query(max_length=100)] = None,
+    after_step: Annotated[int, Query(ge=-1)] = -1,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> list[MetricRead]:
+    """Points ordered by step, optionally of one metric and after a step."""
+    store.get_job(session, job_id)
+    query = select(Metric).where(Metric.job_id == job_id, col(Metric.step) > after_step)
+    if name is not None:
+        query = query.where(Metric.name == name)
+    rows = session.exec(query.order_by(col(Metric.step), col(Metric.name)).limit(limit))
+    return [MetricRead.model_validate(m, from_attributes=True) for m in rows]
+
+
+@router.get("/{job_id}/logs", summary="A job's log lines")
+def get_logs(
+    job_id: int,
+    session: SessionDep,
+    after_seq: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[LogLineRead]:
+    """stdout/stderr lines of every process of the job, after a sequence number."""
+    store.get_job(session, job_id)
+    rows = session.exec(
+        select(LogLine)
+        .where(LogLine.job_id == job_id, col(LogLine.seq) > after_seq)
+        .order_by(col(LogLine.seq))
+        .limit(limit)
+    )
+    return [LogLineRead.model_validate(line, from_attributes=True) for line in rows]
+
+
+@router.get("/{job_id}/artifacts", summary="List a job's artifacts")
+def get_artifacts(job_id: int, session: SessionDep, settings: SettingsDep) -> list[dict[str, object]]:
+    """Final model (model.safetensors), resolved spec (spec.json) and checkpoints."""
+    store.get_job(session, job_id)
+    return list_artifacts(settings.data_dir, job_id)
+
+
+@router.get(
+    "/{job_id}/artifacts/{name:path}",
+    summary="Download an artifact",
+    response_class=FileResponse,
+)
+def download_artifact(job_id: int, name: str, session: SessionDep, settings: SettingsDep) -> FileResponse:
+    """The artifact's bytes."""
+    store.get_job(session, job_id)
+    path = artifact_path(settings.data_dir, job_id, name)
+    return FileResponse(path, filename=path.name)

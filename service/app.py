@@ -1,0 +1,79 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import Engine
+from swagger_ui_bundle import swagger_ui_path
+
+from service.api import catalog, health, jobs
+from service.api.deps import AuthDep
+from service.api.errors import install_error_handlers
+from service.db import make_engine
+from service.settings import Settings
+
+API_PREFIX = "/api/v1"
+SWAGGER_ASSETS = "/static/swagger-ui"
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+    """Build the app for these settings (and engine, which tests may share)."""
+    settings = settings or Settings()
+    app = FastAPI(
+        title="Trainyard",
+        summary="Submit PyTorch training jobs to a GPU box you own.",
+        version="0.1.0",
+        docs_url=None,  # served below from local assets: GPU boxes are often air-gapped
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.engine = engine or make_engine(settings)
+
+    app.include_router(health.router)
+    app.include_router(jobs.router, prefix=API_PREFIX, dependencies=[AuthDep])
+    app.include_router(catalog.router, prefix=API_PREFIX, dependencies=[AuthDep])
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+
+    app.mount(SWAGGER_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="Trainyard API",
+            swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
+        )
+
+    @app.get("/", include_in_schema=False)
+    def index() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    return app
+
+
+class BodyLimit:
+    """413 for a request whose declared body is larger than the limit."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+                response = JSONResponse(
+                    {"detail": f"request body larger than {self.max_bytes} bytes"},
+                    status_code=413,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

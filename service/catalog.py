@@ -1,0 +1,132 @@
+"""Workers and the recipes they offer: registration, listing, and checking a spec against them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import jsonschema
+from sqlalchemy import Engine, select, update
+from sqlmodel import Session, col
+
+from service.db import write_session
+from service.errors import SpecInvalid
+from service.models import Job, JobCreate, JobStatus, RecipeRead, Strategy, Worker, WorkerRead, utcnow
+
+# A worker whose heartbeat is older than this is shown as not alive.
+WORKER_ALIVE_S = 30.0
+
+
+def register_worker(engine: Engine, worker: Worker) -> None:
+    """Insert or refresh a worker row (a restarted worker keeps its id)."""
+    with write_session(engine) as session:
+        session.merge(worker)
+
+
+def worker_heartbeat(engine: Engine, worker_id: str) -> None:
+    """Mark the worker alive now."""
+    with write_session(engine) as session:
+        session.execute(
+            update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow(), stopped_at=None)  # type: ignore[arg-type]
+        )
+
+
+def worker_stopped(engine: Engine, worker_id: str) -> None:
+    """Mark a worker as cleanly stopped."""
+    with write_session(engine) as session:
+        session.execute(update(Worker).where(Worker.id == worker_id).values(stopped_at=utcnow()))  # type: ignore[arg-type]
+
+
+def list_workers(session: Session) -> list[WorkerRead]:
+    """Every registered worker with its devices and the jobs holding them."""
+    now = utcnow()
+    workers = session.exec(select(Worker).order_by(Worker.id)).scalars().all()  # type: ignore[call-overload]
+    held = session.exec(
+        select(Job.id, Job.worker_id, Job.assigned_devices).where(  # type: ignore[call-overload]
+            col(Job.status).in_((JobStatus.running, JobStatus.cancelling))
+        )
+    ).all()
+    out = []
+    for w in workers:
+        age = (now - w.heartbeat_at).total_seconds()
+        out.append(
+            WorkerRead(
+                id=w.id, hostname=w.hostname, pid=w.pid, accelerator=w.accelerator,
+                devices=w.devices, started_at=w.started_at, heartbeat_age_s=round(age, 3),
+                alive=w.stopped_at is None and age < WORKER_ALIVE_S,
+                running_jobs={jid: devs or [] for jid, wid, devs in held if wid == w.id},
+            )
+        )
+    return out
+
+
+def recipe_catalog(session: Session) -> dict[str, RecipeRead]:
+    """Recipes offered by registered workers, by name (the newest worker's schema wins)."""
+    workers = session.exec(select(Worker).order_by(col(Worker.heartbeat_at).desc())).scalars()  # type: ignore[call-overload]
+    catalog: dict[str, RecipeRead] = {}
+    for w in workers:
+        for r in w.recipes:
+            if r["name"] in catalog:
+                catalog[r["name"]].workers.append(w.id)
+            else:
+                catalog[r["name"]] = RecipeRead(**r, workers=[w.id])
+    return catalog
+
+
+def check_spec(session: Session, spec: JobCreate) -> tuple[str, str]:
+    """Refuse a spec no registered worker could run; returns the reason it waits with."""
+    _check_shape(spec)
+    workers = session.exec(select(Worker)).scalars().all()  # type: ignore[call-overload]
+    if not workers:
+        return ("no_worker", "no worker has registered yet; the job waits for one")
+    catalog = recipe_catalog(session)
+    recipe = catalog.get(spec.recipe)
+    if recipe is None:
+        known = ", ".join(sorted(catalog)) or "none"
+        raise SpecInvalid.at(("recipe",), f"unknown recipe {spec.recipe!r}; known: {known}")
+    validator = jsonschema.Draft202012Validator(recipe.params_schema)
+    errors = sorted(validator.iter_errors(spec.params), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise SpecInvalid(
+            [
+                {"loc": ["body", "params", *e.absolute_path], "msg": e.message, "type": "params"}
+                for e in errors
+            ]
+        )
+    cuda = [w for w in workers if w.accelerator == "cuda"]
+    if spec.accelerator == "cuda" and not cuda:
+        raise SpecInvalid.at(("accelerator",), "no registered worker has CUDA GPUs; use cpu or auto")
+    on_cpu = spec.accelerator == "cpu" or (spec.accelerator == "auto" and not cuda)
+    if spec.strategy == Strategy.dp and spec.devices > 1 and on_cpu:
+        raise SpecInvalid.at(
+            ("strategy",),
+            "dp (DataParallel) needs CUDA devices; on CPU use ddp for more than one device",
+        )
+    eligible = cuda if spec.accelerator == "cuda" else workers
+    largest = max(eligible, key=lambda w: len(w.devices))
+    if spec.devices > len(largest.devices):
+        raise SpecInvalid.at(
+            ("devices",),
+            f"asks for {spec.devices} devices; the largest worker ({largest.id}) has "
+            f"{len(largest.devices)}",
+        )
+    return ("queued", f"waiting for a worker with {spec.devices} free device(s)")
+
+
+def _check_shape(spec: JobCreate) -> None:
+    """Rules between fields that hold whatever the workers are."""
+    ddp = spec.strategy == Strategy.ddp or (spec.strategy == Strategy.auto and spec.devices > 1)
+    if ddp and spec.batch_size % spec.devices:
+        raise SpecInvalid.at(
+            ("batch_size",),
+            f"ddp gives each of the {spec.devices} ranks batch_size/devices samples: "
+            f"batch_size must be a multiple of devices (got {spec.batch_size})",
+        )
+    if spec.strategy == Strategy.single and spec.devices != 1:
+        raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")
+
+
+def stale_workers(session: Session, older_than_s: float) -> list[Any]:
+    """Workers not heard from in ``older_than_s`` seconds."""
+    cutoff = utcnow() - timedelta(seconds=older_than_s)
+    return list(session.exec(select(Worker).where(Worker.heartbeat_at < cutoff)).scalars())  # type: ignore[call-overload]

@@ -1,0 +1,293 @@
+"""Database tables (SQLModel) and the API schemas users see in Swagger."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import ConfigDict
+from sqlalchemy import JSON, DateTime, Index, String, TypeDecorator
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC (portable across SQLite and PostgreSQL), returns aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None else None
+
+
+class JobStatus(StrEnum):
+    queued = "queued"  # waiting for a worker with enough free devices
+    running = "running"  # a worker holds the lease and its runner trains the job
+    cancelling = "cancelling"  # cancel asked while running; the worker is stopping it
+    succeeded = "succeeded"  # trained to the last epoch; artifacts written
+    failed = "failed"  # ended by an error, with no attempt left or none worth making
+    cancelled = "cancelled"  # stopped on request
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+
+
+class Strategy(StrEnum):
+    auto = "auto"  # ddp when devices > 1, else single
+    single = "single"  # one process, one device
+    dp = "dp"  # torch.nn.DataParallel over the job's GPUs in one process
+    ddp = "ddp"  # DistributedDataParallel, one process per device via mp.spawn
+
+
+class Accelerator(StrEnum):
+    auto = "auto"  # cuda when the worker has GPUs
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class Optimizer(StrEnum):
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class Precision(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+def _enum_col() -> Any:
+    # Enums are stored as plain strings: portable, and new members need no migration.
+    return String(16)
+
+
+class JobBase(SQLModel):
+    """The job spec: what to train and how."""
+
+    name: str | None = Field(None, max_length=100, description="A label for people.")
+    recipe: str = Field(
+        max_length=100, description="A registered recipe, see GET /api/v1/recipes."
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        sa_type=JSON,
+        description="The recipe's own parameters, validated by its JSON schema.",
+    )
+    strategy: Strategy = Field(
+        Strategy.auto,
+        sa_type=_enum_col(),
+        description="auto: ddp when devices > 1, else single.",
+    )
+    devices: int = Field(
+        1, ge=1, le=1024, description="GPUs for the job; on CPU, processes for ddp."
+    )
+    accelerator: Accelerator = Field(
+        Accelerator.auto, sa_type=_enum_col(), description="auto: cuda when the worker has GPUs."
+    )
+    epochs: int = Field(1, ge=1, le=100_000)
+    batch_size: int = Field(
+        64, ge=1, le=1_000_000, description="The global batch; ddp gives each rank batch/devices."
+    )
+    lr: float = Field(1e-3, gt=0, le=10, description="Learning rate.")
+    optimizer: Optimizer = Field(Optimizer.adamw, sa_type=_enum_col())
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Same spec + seed => same weights.")
+    precision: Precision = Field(Precision.fp32, sa_type=_enum_col())
+    priority: int = Field(0, ge=-100, le=100, description="Higher runs first.")
+    max_attempts: int = Field(3, ge=1, le=10)
+    timeout_s: int | None = Field(
+        None, ge=1, le=365 * 24 * 3600, description="Wall-clock limit per attempt."
+    )
+    checkpoint_every: int = Field(1, ge=1, le=100_000, description="Checkpoint every N epochs.")
+
+
+JOB_EXAMPLE: dict[str, Any] = {
+    "name": "ddp smoke test",
+    "recipe": "mlp-regression",
+    "params": {"hidden": 64},
+    "strategy": "ddp",
+    "devices": 2,
+    "accelerator": "cpu",
+    "epochs": 5,
+    "batch_size": 64,
+    "lr": 0.001,
+}
+
+
+class JobCreate(JobBase):
+    """A job as submitted; unknown fields are refused."""
+
+    model_config = ConfigDict(  # type: ignore[assignment]
+        extra="forbid", json_schema_extra={"examples": [JOB_EXAMPLE]}
+    )
+
+
+class Job(JobBase, table=True):
+    """A job row: the spec plus its place in the lifecycle."""
+
+    __tablename__ = "job"
+    __table_args__ = (
+        Index("ix_job_claim", "status", "priority", "id"),
+        Index("ix_job_worker", "worker_id", "status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    status: JobStatus = Field(JobStatus.queued, sa_type=_enum_col())
+    reason_code: str | None = Field(None, max_length=32)
+    reason_message: str | None = Field(None, max_length=2000)
+    attempt: int = 1
+    progress: dict[str, Any] | None = Field(None, sa_type=JSON)
+    error: dict[str, Any] | None = Field(None, sa_type=JSON)
+    result: dict[str, Any] | None = Field(None, sa_type=JSON)
+    worker_id: str | None = Field(None, max_length=200)
+    lease_token: str | None = Field(None, max_length=64)
+    lease_expires_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    assigned_devices: list[int] | None = Field(None, sa_type=JSON)
+    runner_pgid: int | None = None
+    run_after: datetime | None = Field(None, sa_type=UTCDateTime)
+    idempotency_key: str | None = Field(None, max_length=200, unique=True)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(None, sa_type=UTCDateTime)
+
+
+class Reason(SQLModel):
+    code: str = Field(description="Machine-readable, e.g. no_worker, worker_lost, error.")
+    message: str = Field(description="A sentence for people.")
+
+
+class Progress(SQLModel):
+    epoch: int = 0
+    epochs: int = 0
+    step: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    samples_per_s: float | None = None
+    eta_s: float | None = None
+
+
+class JobRead(JobBase):
+    """A job as the API shows it."""
+
+    id: int
+    status: JobStatus
+    reason: Reason | None = None
+    attempt: int
+    progress: Progress | None = None
+    error: dict[str, Any] | None = Field(None, description="type, message, traceback tail")
+    result: dict[str, Any] | None = Field(None, description="Final metrics of a finished job.")
+    worker_id: str | None = None
+    assigned_devices: list[int] | None = None
+    queue_position: int | None = Field(None, description="1 = next to run (queued jobs only).")
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, job: Job, queue_position: int | None = None) -> JobRead:
+        data = job.model_dump(
+            exclude={"reason_code", "reason_message", "lease_token", "lease_expires_at",
+                     "runner_pgid", "run_after", "idempotency_key"}
+        )
+        reason = (
+            Reason(code=job.reason_code, message=job.reason_message or "")
+            if job.reason_code
+            else None
+        )
+        return cls(**data, reason=reason, queue_position=queue_position)
+
+
+class JobList(SQLModel):
+    items: list[JobRead]
+    total: int = Field(description="Jobs matching the filter, all pages.")
+    limit: int
+    offset: int
+
+
+class Metric(SQLModel, table=True):
+    """One point of a job's time series; unique per (job, name, step) so resumes add none."""
+
+    __tablename__ = "metric"
+
+    job_id: int = Field(foreign_key="job.id", primary_key=True, ondelete="CASCADE")
+    name: str = Field(primary_key=True, max_length=100)
+    step: int = Field(primary_key=True)
+    epoch: int
+    value: float
+    time: float = Field(description="Unix seconds.")
+
+
+class MetricRead(SQLModel):
+    step: int
+    epoch: int
+    name: str
+    value: float
+    time: float
+
+
+class LogLine(SQLModel, table=True):
+    """One line a job's processes printed, numbered per job."""
+
+    __tablename__ = "log_line"
+
+    job_id: int = Field(foreign_key="job.id", primary_key=True, ondelete="CASCADE")
+    seq: int = Field(primary_key=True)
+    time: float
+    stream: str = Field(max_length=8, description="stdout, stderr or system")
+    text: str
+
+
+class LogLineRead(SQLModel):
+    seq: int
+    time: float
+    stream: str
+    text: str
+
+
+class Worker(SQLModel, table=True):
+    """A worker process on a box, with its devices and the recipes it can run."""
+
+    __tablename__ = "worker"
+
+    id: str = Field(primary_key=True, max_length=200)
+    hostname: str = Field(max_length=255)
+    pid: int
+    accelerator: str = Field(max_length=8, description="cuda or cpu")
+    devices: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
+    recipes: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
+    started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    stopped_at: datetime | None = Field(None, sa_type=UTCDateTime)
+
+
+class WorkerRead(SQLModel):
+    id: str
+    hostname: str
+    pid: int
+    accelerator: str
+    devices: list[dict[str, Any]]
+    alive: bool
+    heartbeat_age_s: float
+    running_jobs: dict[int, list[int]] = Field(description="job id -> device indices it holds")
+    started_at: datetime
+
+
+class RecipeRead(SQLModel):
+    name: str
+    summary: str
+    params_schema: dict[str, Any]
+    source_hash: str
+    workers: list[str]

@@ -1,0 +1,48 @@
+"""Operator-facing configuration, read from the environment (prefix ``TRAINYARD_``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything an operator can set; built where needed, never at import time."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
+
+    database_url: str = Field(
+        "sqlite:///./data/trainyard.db",
+        description="SQLAlchemy URL; SQLite for one box, postgresql+psycopg:// for several.",
+    )
+    data_dir: Path = Field(Path("./data"), description="Artifacts, checkpoints, runner files.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    api_token: str | None = Field(None, description="Bearer token required on /api/v1.")
+    recipes_dir: Path | None = Field(None, description="Extra recipes: every .py file here.")
+    worker_id: str | None = Field(None, description="Stable worker name; default hostname.")
+    cpu_slots: int | None = Field(
+        None, ge=1, description="Device slots of a worker without GPUs; default the core count."
+    )
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger requests get 413.")
+
+    def require_safe_bind(self) -> None:
+        """Refuse to serve a non-loopback address without a token."""
+        if self.api_token or _is_loopback(self.host):
+            return
+        raise SystemExit(
+            f"refusing to listen on {self.host} without TRAINYARD_API_TOKEN: "
+            "anyone on the network could run code on this box; set a token or bind 127.0.0.1"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

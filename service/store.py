@@ -1,0 +1,448 @@
+"""The job store: the one place that changes a job's status.
+
+Every transition is a conditional UPDATE whose WHERE clause names the statuses it may
+come from (``ALLOWED_FROM``) and, for writes by a worker, the fence
+``(job id, attempt, lease token)``. A write whose condition no longer holds changes
+nothing and reports so; nothing is read, decided in Python, then written back.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session, col
+
+from service.db import is_sqlite, read_session, write_session
+from service.errors import IdempotencyConflict, InvalidTransition, JobNotFound
+from service.models import (
+    TERMINAL_STATUSES,
+    Accelerator,
+    Job,
+    JobCreate,
+    JobStatus,
+    LogLine,
+    Metric,
+    utcnow,
+)
+
+S = JobStatus
+# target status -> the statuses a job may reach it from
+ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
+    S.running: frozenset({S.queued}),  # claim
+    S.cancelling: frozenset({S.running}),  # cancel while a worker trains it
+    S.queued: frozenset({S.running}),  # retry, or the worker was lost
+    S.succeeded: frozenset({S.running, S.cancelling}),  # finished before the cancel landed
+    S.failed: frozenset({S.running, S.cancelling}),
+    S.cancelled: frozenset({S.queued, S.cancelling}),
+}
+ACTIVE = (S.running, S.cancelling)
+
+# Back-off before a failed attempt runs again: 1 s, 2 s, 4 s ... capped.
+RETRY_BACKOFF_BASE_S = 1.0
+RETRY_BACKOFF_MAX_S = 60.0
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof that a worker still owns an attempt; every worker write carries one."""
+
+    job_id: int
+    attempt: int
+    lease_token: str
+
+
+def _fenced(fence: Fence) -> list[Any]:
+    return [
+        Job.id == fence.job_id,
+        Job.attempt == fence.attempt,
+        Job.lease_token == fence.lease_token,
+        col(Job.status).in_(ACTIVE),
+    ]
+
+
+def _transition(
+    session: Session, job_id: int, to: JobStatus, *where: Any, **values: Any
+) -> Job | None:
+    """Move one job to ``to`` if it is in an allowed status and ``where`` holds."""
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, col(Job.status).in_(ALLOWED_FROM[to]), *where)
+        .values(status=to, **values)
+        .returning(Job)
+        .execution_options(synchronize_session=False)
+    )
+    return session.exec(stmt).scalar_one_or_none()  # type: ignore[call-overload, no-any-return]
+
+
+# --- submit, read, cancel (API side) -------------------------------------------------
+
+
+def create_job(
+    engine: Engine,
+    spec: JobCreate,
+    *,
+    idempotency_key: str | None = None,
+    reason: tuple[str, str] = ("queued", "waiting for a worker"),
+) -> tuple[Job, bool]:
+    """Enqueue a validated spec; returns (job, created). A repeated key returns the first job."""
+    with write_session(engine) as session:
+        if idempotency_key is not None:
+            existing = session.exec(
+                select(Job).where(Job.idempotency_key == idempotency_key)  # type: ignore[call-overload]
+            ).scalar_one_or_none()
+            if existing is not None:
+                if JobCreate.model_validate(existing.model_dump(include=set(JobCreate.model_fields))) != spec:
+                    raise IdempotencyConflict(
+                        f"Idempotency-Key {idempotency_key!r} was used for a different job "
+                        f"({existing.id})"
+                    )
+                return existing, False
+        job = Job.model_validate(
+            spec.model_dump(),
+            update={
+                "idempotency_key": idempotency_key,
+                "reason_code": reason[0],
+                "reason_message": reason[1],
+            },
+        )
+        session.add(job)
+        session.flush()
+        session.refresh(job)
+        return job, True
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    """One job, or JobNotFound."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def list_jobs(
+    session: Session, *, status: JobStatus | None, limit: int, offset: int
+) -> tuple[list[Job], int]:
+    """Newest first, with the total matching count."""
+    query = select(Job)
+    count = select(func.count()).select_from(Job)
+    if status is not None:
+        query = query.where(Job.status == status)
+        count = count.where(Job.status == status)
+    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit).offset(offset))  # type: ignore[call-overload]
+    total = session.exec(count).scalar_one()  # type: ignore[call-overload]
+    return list(rows.scalars()), int(total)
+
+
+def queue_position(session: Session, job: Job) -> int | None:
+    """1-based place in the claim order of a queued job; None for any other status."""
+    if job.status != S.queued:
+        return None
+    ahead = session.exec(
+        select(func.count())  # type: ignore[call-overload]
+        .select_from(Job)
+        .where(
+            Job.status == S.queued,
+            or_(
+                col(Job.priority) > job.priority,
+                (Job.priority == job.priority) & (col(Job.id) < job.id),
+            ),
+        )
+    ).scalar_one()
+    return int(ahead) + 1
+
+
+def cancel_job(engine: Engine, job_id: int) -> Job:
+    """Queued -> cancelled now; running -> cancelling (the worker stops it). Idempotent."""
+    now = utcnow()
+    with write_session(engine) as session:
+        job = get_job(session, job_id)
+        if job.status in (S.cancelling, S.cancelled):
+            return job
+        if job.status in (S.succeeded, S.failed):
+            raise InvalidTransition(f"job {job_id} already {job.status}; nothing to cancel")
+        if job.status == S.queued:
+            done = _transition(
+                session, job_id, S.cancelled, finished_at=now,
+                reason_code="cancelled", reason_message="cancelled before it started",
+            )
+        else:
+            done = _transition(
+                session, job_id, S.cancelling,
+                reason_code="cancelling", reason_message="cancel requested; stopping the job",
+            )
+        assert done is not None, "status changed inside an IMMEDIATE transaction"
+        return done
+
+
+# --- claim, heartbeat, report, finish (worker side) -----------------------------------
+
+
+def _claimable(free_devices: int, accelerator: str, recipes: list[str]) -> list[Any]:
+    """The conditions a queued job must meet for a worker to take it."""
+    accelerators = [Accelerator.auto, Accelerator.cpu]
+    if accelerator == "cuda":
+        accelerators.append(Accelerator.cuda)
+    return [
+        Job.status == S.queued,
+        col(Job.devices) <= free_devices,
+        col(Job.accelerator).in_(accelerators),
+        col(Job.recipe).in_(recipes),
+    ]
+
+
+def claim_job(
+    engine: Engine,
+    *,
+    worker_id: str,
+    free_devices: int,
+    accelerator: str,
+    recipes: list[str],
+    lease_s: float,
+) -> Job | None:
+    """Atomically take the best queued job that fits, or None. Exactly one worker wins."""
+    if free_devices < 1 or not recipes:
+        return None
+    now = utcnow()
+    candidate = (
+        select(Job.id)
+        .where(
+            *_claimable(free_devices, accelerator, recipes),
+            or_(col(Job.run_after).is_(None), col(Job.run_after) <= now),
+        )
+        .order_by(col(Job.priority).desc(), col(Job.id).asc())
+        .limit(1)
+        # PostgreSQL: skip rows another worker is claiming instead of queueing behind it.
+        # SQLite ignores this; there the IMMEDIATE transaction serialises claims.
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    with write_session(engine) as session:
+        rows = session.exec(
+            update(Job)  # type: ignore[call-overload]
+            .where(Job.id == candidate, Job.status == S.queued)
+            .values(
+                status=S.running,
+                worker_id=worker_id,
+                lease_token=secrets.token_hex(16),
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                started_at=now,
+                finished_at=None,
+                progress=None,
+                reason_code="running",
+                reason_message=f"attempt running on {worker_id}",
+            )
+            .returning(Job)
+            .execution_options(synchronize_session=False)
+        ).scalars().all()
+        if len(rows) > 1:  # pragma: no cover - the WHERE id = (one id) makes this impossible
+            raise RuntimeError(f"claim changed {len(rows)} rows")
+        return rows[0] if rows else None
+
+
+def pending_count(engine: Engine, *, max_devices: int, accelerator: str, recipes: list[str]) -> int:
+    """Queued jobs this worker could ever run, including ones waiting out a retry back-off."""
+    with read_session(engine) as session:
+        return int(
+            session.exec(
+                select(func.count()).select_from(Job).where(*_claimable(max_devices, accelerator, recipes))  # type: ignore[call-overload]
+            ).scalar_one()
+        )
+
+
+def record_start(engine: Engine, fence: Fence, *, devices: list[int], pgid: int) -> bool:
+    """Note which devices and process group an attempt holds (for kill and crash recovery)."""
+    with write_session(engine) as session:
+        result = session.exec(
+            update(Job).where(*_fenced(fence)).values(assigned_devices=devices, runner_pgid=pgid)  # type: ignore[call-overload]
+        )
+        return bool(result.rowcount == 1)
+
+
+def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int, JobStatus]:
+    """Extend the leases still held; returns job id -> status for those (lost ones are absent)."""
+    if not fences:
+        return {}
+    expires = utcnow() + timedelta(seconds=lease_s)
+    held: dict[int, JobStatus] = {}
+    with write_session(engine) as session:
+        for fence in fences:
+            status = session.exec(
+                update(Job)  # type: ignore[call-overload]
+                .where(*_fenced(fence))
+                .values(lease_expires_at=expires)
+                .returning(Job.status)
+            ).scalar_one_or_none()
+            if status is not None:
+                held[fence.job_id] = JobStatus(status)
+    return held
+
+
+def report(
+    engine: Engine,
+    fence: Fence,
+    *,
+    progress: dict[str, Any] | None = None,
+    metrics: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> bool:
+    """Write progress and metric points of a running attempt in one transaction (fenced)."""
+    with write_session(engine) as session:
+        values: dict[str, Any] = {"progress": progress} if progress is not None else {}
+        owned = session.exec(
+            update(Job).where(*_fenced(fence)).values(**values).returning(Job.id)  # type: ignore[call-overload]
+            if values
+            else select(Job.id).where(*_fenced(fence))
+        ).scalar_one_or_none()
+        if owned is None:
+            return False
+        if metrics:
+            rows = [{"job_id": fence.job_id, **m} for m in metrics]
+            session.execute(_insert_ignore(engine, Metric).values(rows))
+        return True
+
+
+def append_logs(engine: Engine, fence: Fence, lines: list[tuple[float, str, str]]) -> bool:
+    """Append (time, stream, text) lines with the next sequence numbers (fenced)."""
+    if not lines:
+        return True
+    with write_session(engine) as session:
+        owned = session.exec(
+            select(Job.id).where(*_fenced(fence)).with_for_update()  # type: ignore[call-overload]
+        ).scalar_one_or_none()
+        if owned is None:
+            return False
+        last = session.exec(
+            select(func.coalesce(func.max(LogLine.seq), 0)).where(LogLine.job_id == fence.job_id)  # type: ignore[call-overload]
+        ).scalar_one()
+        session.execute(
+            LogLine.__table__.insert(),  # type: ignore[attr-defined]
+            [
+                {"job_id": fence.job_id, "seq": last + i, "time": t, "stream": s, "text": x}
+                for i, (t, s, x) in enumerate(lines, start=1)
+            ],
+        )
+        return True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, as the worker saw it."""
+
+    status: JobStatus  # succeeded, failed or cancelled
+    reason_code: str
+    reason_message: str
+    error: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    retryable: bool = False
+
+
+def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None:
+    """End an attempt: final status, or back to queued when it failed and may be retried."""
+    now = utcnow()
+    with write_session(engine) as session:
+        job = session.exec(
+            select(Job).where(*_fenced(fence)).with_for_update()  # type: ignore[call-overload]
+        ).scalar_one_or_none()
+        if job is None:
+            return None  # the lease was lost; the job is someone else's now
+        common: dict[str, Any] = {
+            "reason_code": outcome.reason_code,
+            "reason_message": outcome.reason_message,
+            "lease_token": None,
+            "lease_expires_at": None,
+            "runner_pgid": None,
+        }
+        if job.status == S.cancelling and outcome.status != S.succeeded:
+            return _transition(
+                session, job.id, S.cancelled, finished_at=now, error=outcome.error,
+                **{**common, "reason_code": "cancelled", "reason_message": "cancelled while running"},
+            )
+        if outcome.status == S.failed and outcome.retryable and job.attempt < job.max_attempts:
+            return _requeue(session, job, now, common, error=outcome.error)
+        target = S.failed if outcome.status == S.cancelled else outcome.status
+        return _transition(
+            session, job.id, target, *_fenced(fence), finished_at=now,
+            error=outcome.error, result=outcome.result, **common,
+        )
+
+
+def _requeue(
+    session: Session, job: Job, now: datetime, common: dict[str, Any], **values: Any
+) -> Job | None:
+    assert job.id is not None
+    delay = min(RETRY_BACKOFF_BASE_S * 2 ** (job.attempt - 1), RETRY_BACKOFF_MAX_S)
+    message = f"{common['reason_message']} (attempt {job.attempt} of {job.max_attempts}; retrying)"
+    return _transition(
+        session, job.id, S.queued,
+        Job.attempt == job.attempt,
+        **{**common, "reason_message": message},
+        attempt=job.attempt + 1,
+        worker_id=None,
+        assigned_devices=None,
+        run_after=now + timedelta(seconds=delay),
+        **values,
+    )
+
+
+def release_attempt(engine: Engine, fence: Fence, reason_code: str, message: str) -> Job | None:
+    """Give a running job back to the queue without spending an attempt (worker shutdown)."""
+    now = utcnow()
+    cleared: dict[str, Any] = {
+        "reason_code": reason_code, "reason_message": message, "lease_token": None,
+        "lease_expires_at": None, "runner_pgid": None, "worker_id": None, "assigned_devices": None,
+    }
+    with write_session(engine) as session:
+        done = _transition(session, fence.job_id, S.queued, *_fenced(fence), run_after=None, **cleared)
+        if done is None:  # cancel asked meanwhile: honour it rather than requeue
+            done = _transition(
+                session, fence.job_id, S.cancelled, *_fenced(fence), finished_at=now,
+                **{**cleared, "reason_code": "cancelled", "reason_message": "cancelled while running"},
+            )
+        return done
+
+
+def expire_leases(engine: Engine) -> list[int]:
+    """Requeue (or end) jobs whose worker stopped renewing its lease; returns their ids."""
+    now = utcnow()
+    changed: list[int] = []
+    with write_session(engine) as session:
+        stale = session.exec(
+            select(Job).where(col(Job.status).in_(ACTIVE), col(Job.lease_expires_at) < now)  # type: ignore[call-overload]
+        ).scalars().all()
+        for job in stale:
+            common: dict[str, Any] = {
+                "reason_code": "worker_lost",
+                "reason_message": f"worker {job.worker_id} stopped renewing its lease",
+                "lease_token": None,
+                "lease_expires_at": None,
+                "runner_pgid": None,
+            }
+            if job.status == S.cancelling:
+                done = _transition(session, job.id, S.cancelled, finished_at=now, **common)
+            elif job.attempt < job.max_attempts:
+                done = _requeue(session, job, now, common)
+            else:
+                done = _transition(session, job.id, S.failed, finished_at=now, **common)
+            if done is not None:
+                changed.append(job.id)
+    return changed
+
+
+def _insert_ignore(engine: Engine, model: Any) -> Any:
+    """INSERT that skips rows whose primary key exists (a resumed run re-reports a step)."""
+    dialect = sqlite if is_sqlite(engine) else postgresql
+    return dialect.insert(model.__table__).on_conflict_do_nothing()
+
+
+def read_only_job(engine: Engine, job_id: int) -> Job:
+    """Load a job outside any request (worker and runner side)."""
+    with read_session(engine) as session:
+        return get_job(session, job_id)
+
+
+def is_terminal(status: JobStatus) -> bool:
+    return status in TERMINAL_STATUSES

@@ -1,0 +1,1 @@
+"""Trainyard's GPU-box side: the supervisor, job runners, strategies and recipes."""

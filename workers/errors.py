@@ -1,0 +1,36 @@
+"""How a failed attempt is described, and which failures are worth retrying."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import torch
+
+TRACEBACK_LINES = 30
+
+
+class NotRetryable(Exception):
+    """A failure another attempt cannot fix (bad params, out of memory)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def describe(exc: BaseException, rank: int | None = None) -> dict[str, Any]:
+    """Type, message, traceback tail, reason code and whether a retry could help."""
+    code, retryable = "error", True
+    if isinstance(exc, NotRetryable):
+        code, retryable = exc.code, False
+    elif isinstance(exc, torch.OutOfMemoryError):
+        code, retryable = "cuda_oom", False
+    tb = "".join(traceback.format_exception(exc)).splitlines()
+    return {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc)[:2000],
+        "traceback": tb[-TRACEBACK_LINES:],
+        "rank": rank,
+        "code": code,
+        "retryable": retryable,
+    }

@@ -1,0 +1,107 @@
+"""Recipes: model + data + loss, with a pydantic params model.
+
+Found in three places: the built-ins, installed packages' entry points (group
+``trainyard.recipes``), and ``.py`` files in ``TRAINYARD_RECIPES_DIR``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "trainyard.recipes"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What to train. ``build_datasets`` must give the same data for the same seed."""
+
+    name: str
+    summary: str
+    params: type[BaseModel]
+    build_model: Callable[[Any], nn.Module]
+    build_datasets: Callable[[Any, int], tuple[Dataset[Any], Dataset[Any]]]
+    loss: Callable[[Tensor, Tensor], Tensor]
+    # (outputs, targets) of one validation batch -> per-sample means, e.g. accuracy
+    metrics: Callable[[Tensor, Tensor], dict[str, float]] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Name, summary, params JSON schema and source hash, as workers publish them."""
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "params_schema": self.params.model_json_schema(),
+            "source_hash": self.source_hash(),
+        }
+
+    def source_hash(self) -> str:
+        """sha256 of the source file defining the recipe (what exactly ran)."""
+        module = inspect.getmodule(self.build_model)
+        try:
+            source = inspect.getsource(module) if module else repr(self)
+        except (OSError, TypeError):
+            source = repr(self)
+        return hashlib.sha256(source.encode()).hexdigest()
+
+
+class RecipeError(Exception):
+    """A recipe could not be loaded."""
+
+
+def load_recipes(recipes_dir: Path | None = None) -> dict[str, Recipe]:
+    """Every recipe this worker can run, by name (later sources override earlier ones)."""
+    from workers.recipes import builtin
+
+    found: dict[str, Recipe] = {}
+    _add(found, builtin.RECIPES, "built-in")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            _add(found, _as_list(ep.load()), f"entry point {ep.name}")
+        except Exception:
+            log.exception("skipping recipe entry point %s", ep.name)
+    if recipes_dir is not None:
+        for path in sorted(Path(recipes_dir).glob("*.py")):
+            _add(found, _load_file(path), str(path))
+    return found
+
+
+def _add(found: dict[str, Recipe], recipes: Iterable[Recipe], origin: str) -> None:
+    for recipe in recipes:
+        if recipe.name in found:
+            log.warning("recipe %s from %s replaces an earlier one", recipe.name, origin)
+        found[recipe.name] = recipe
+
+
+def _as_list(obj: Any) -> list[Recipe]:
+    if isinstance(obj, Recipe):
+        return [obj]
+    recipes = list(obj)
+    if not all(isinstance(r, Recipe) for r in recipes):
+        raise RecipeError(f"expected Recipe objects, got {obj!r}")
+    return recipes
+
+
+def _load_file(path: Path) -> list[Recipe]:
+    """Import a recipe file and collect the Recipe objects it defines at module level."""
+    module_name = f"trainyard_recipes_dir.{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RecipeError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # so pickling and inspect.getsource find it
+    spec.loader.exec_module(module)
+    return [obj for obj in vars(module).values() if isinstance(obj, Recipe)]

@@ -1,0 +1,77 @@
+"""Moves training events into the database in batches, off the training thread."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import Engine
+
+from service import store
+from service.store import Fence
+
+log = logging.getLogger(__name__)
+
+# How often buffered progress and metrics are written (progress must refresh every second).
+FLUSH_INTERVAL_S = 0.5
+
+
+class DbReporter:
+    """A queue the training loop puts events on, and a thread that writes them in batches.
+
+    ``put_nowait`` never blocks and never touches the database, so a slow or locked
+    database cannot slow a training step; only the latest progress of a batch is written.
+    """
+
+    def __init__(self, engine: Engine, fence: Fence, *, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+        self.engine = engine
+        self.fence = fence
+        self.flush_interval_s = flush_interval_s
+        self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.lease_lost = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="db-reporter", daemon=True)
+
+    def put_nowait(self, item: Any) -> None:
+        self.events.put_nowait(item)
+
+    def start(self) -> DbReporter:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Write what is left and stop the thread."""
+        self.events.put_nowait(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        done = False
+        while not done:
+            progress: dict[str, Any] | None = None
+            metrics: list[dict[str, Any]] = []
+            deadline = time.monotonic() + self.flush_interval_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    item = self.events.get(timeout=left)
+                except queue.Empty:
+                    break
+                if item is None:
+                    done = True
+                    break
+                kind, payload = item
+                if kind == "progress":
+                    progress = payload  # only the newest matters
+                elif kind == "metric":
+                    metrics.append(payload)
+            if progress is not None or metrics:
+                self._write(progress, metrics)
+
+    def _write(self, progress: dict[str, Any] | None, metrics: list[dict[str, Any]]) -> None:
+        try:
+            if not store.report(self.engine, self.fence, progress=progress, metrics=metrics):
+                self.lease_lost.set()
+                log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
+        except Exception:  # a database hiccup must not kill training; the next batch retries
+            log.exception("job %s: could not record progress", self.fence.job_id)

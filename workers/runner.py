@@ -1,0 +1,155 @@
+"""The runner: one process per attempt, started by the supervisor in its own process group.
+
+It resolves the spec for this worker, trains with the job's strategy, streams progress
+and metrics to the database (fenced by the attempt's lease), and leaves an outcome file
+for the supervisor. It never changes the job's status: that is the supervisor's job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import torch
+
+from service.artifacts import job_dir
+from service.db import make_engine
+from service.models import Job
+from service.settings import Settings
+from service.store import Fence, read_only_job
+from workers import strategies
+from workers.errors import NotRetryable, describe
+from workers.recipes import Recipe, load_recipes
+from workers.reporter import DbReporter
+from workers.stdio import prefix_stdio
+from workers.training import RunSpec
+
+log = logging.getLogger(__name__)
+
+SPEC_FILE = "spec.json"
+
+
+def outcome_path(data_dir: Path, job_id: int, attempt: int) -> Path:
+    """Where the runner leaves how its attempt ended (read by the supervisor)."""
+    return job_dir(data_dir, job_id) / ".runner" / f"attempt-{attempt}.json"
+
+
+def resolve(
+    job: Job, recipe: Recipe, *, accelerator: str, threads: int, settings: Settings, attempt: int = 1
+) -> RunSpec:
+    """Turn 'auto' into concrete choices for this worker and check the recipe params."""
+    assert job.id is not None
+    acc = accelerator if job.accelerator == "auto" else str(job.accelerator)
+    strategy = str(job.strategy)
+    if strategy == "auto":
+        strategy = "ddp" if job.devices > 1 else "single"
+    if strategy == "dp" and acc == "cpu" and job.devices > 1:
+        raise NotRetryable("bad_spec", "dp (DataParallel) needs CUDA devices; use ddp on CPU")
+    try:
+        params = recipe.params.model_validate(job.params).model_dump()
+    except pydantic.ValidationError as exc:
+        raise NotRetryable("bad_params", f"recipe {recipe.name} rejected params: {exc}") from exc
+    return RunSpec(
+        job_id=job.id, recipe=job.recipe, params=params, strategy=strategy, accelerator=acc,
+        devices=job.devices, epochs=job.epochs, batch_size=job.batch_size, lr=job.lr,
+        optimizer=str(job.optimizer), seed=job.seed, precision=str(job.precision),
+        checkpoint_every=job.checkpoint_every, job_dir=str(job_dir(settings.data_dir, job.id)),
+        recipes_dir=str(settings.recipes_dir) if settings.recipes_dir else None, threads=threads,
+        attempt=attempt,
+    )
+
+
+def write_spec(spec: RunSpec, recipe: Recipe, attempt: int) -> None:
+    """The resolved spec as an artifact: what exactly was trained, and with what."""
+    record: dict[str, Any] = {
+        **{k: v for k, v in asdict(spec).items() if k not in ("job_dir", "recipes_dir", "extra")},
+        "attempt": attempt,
+        "recipe_source_hash": recipe.source_hash(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "hostname": platform.node(),
+    }
+    path = Path(spec.job_dir) / SPEC_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{SPEC_FILE}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one attempt; the exit code says whether it succeeded."""
+    parser = argparse.ArgumentParser(prog="python -m workers.runner")
+    parser.add_argument("--job-id", type=int, required=True)
+    parser.add_argument("--attempt", type=int, required=True)
+    parser.add_argument("--lease-token", required=True)
+    parser.add_argument("--accelerator", choices=["cpu", "cuda"], required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    settings = Settings()
+    fence = Fence(args.job_id, args.attempt, args.lease_token)
+    out = outcome_path(settings.data_dir, args.job_id, args.attempt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix_stdio("[runner] ", args.job_id)
+    engine = make_engine(settings)
+    reporter = DbReporter(engine, fence).start()
+    try:
+        job = read_only_job(engine, args.job_id)
+        recipes = load_recipes(settings.recipes_dir)
+        if job.recipe not in recipes:
+            raise NotRetryable("unknown_recipe", f"this worker has no recipe {job.recipe!r}")
+        recipe = recipes[job.recipe]
+        spec = resolve(
+            job, recipe, accelerator=args.accelerator, threads=args.threads,
+            settings=settings, attempt=args.attempt,
+        )
+        write_spec(spec, recipe, args.attempt)
+        if spec.strategy != "ddp":
+            prefix_stdio("[rank 0] ", args.job_id)
+        log.info("attempt %d: %s on %d %s device(s)", args.attempt, spec.strategy, spec.devices, spec.accelerator)
+        result = strategies.run(spec, reporter)
+    except BaseException as exc:
+        reporter.close()
+        error = _rank_error(out.parent, args.attempt) or describe(exc)
+        # The traceback goes to the job's log too: the last lines before a crash matter most.
+        log.error(
+            "attempt %d failed: %s: %s\n%s",
+            args.attempt, error["type"], error["message"], "\n".join(error["traceback"]),
+        )
+        _write_outcome(out, {"ok": False, "error": error})
+        return 1
+    reporter.close()
+    _write_outcome(out, {"ok": True, "result": result})
+    log.info("attempt %d succeeded: %s", args.attempt, json.dumps(result))
+    return 0
+
+
+def _rank_error(runner_dir: Path, attempt: int) -> dict[str, Any] | None:
+    """The first rank's own error report, which says more than mp.spawn's wrapper."""
+    for path in sorted(runner_dir.glob(f"attempt-{attempt}-rank-*-error.json")):
+        try:
+            error: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        return error
+    return None
+
+
+def _write_outcome(path: Path, outcome: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(outcome))
+    os.replace(tmp, path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

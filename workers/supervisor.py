@@ -1,0 +1,257 @@
+"""The worker supervisor: one per box. Claims jobs that fit its free devices, starts a
+runner per attempt, renews leases, relays logs, and ends every attempt in the store.
+
+The loop waits on "new work, the poll timer, or stop", and never blocks on one job:
+kills escalate over ticks (SIGTERM, grace, SIGKILL) while other jobs keep their heartbeats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import signal
+import threading
+import time
+from pathlib import Path
+
+from service import catalog, store
+from service.db import make_engine
+from service.models import JobStatus, Worker
+from service.settings import Settings
+from service.store import Outcome
+from workers import devices as device_info
+from workers.attempt import Attempt
+from workers.recipes import load_recipes
+from workers.runner import outcome_path
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.2  # claim latency bound while idle (the API promises < 0.5 s)
+HEARTBEAT_INTERVAL_S = 1.0  # lease renewal, cancel detection, worker liveness
+LEASE_S = 15.0  # a job whose worker is silent this long goes back to the queue
+KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
+SHUTDOWN_GRACE_S = 10.0
+
+
+class Supervisor:
+    """Runs jobs from the queue on this box's devices until stopped (or drained)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+        lease_s: float = LEASE_S,
+        kill_grace_s: float = KILL_GRACE_S,
+    ) -> None:
+        self.settings = settings
+        self.engine = make_engine(settings)
+        self.worker_id = worker_id or settings.worker_id or platform.node()
+        self.poll_interval_s = poll_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.lease_s = lease_s
+        self.kill_grace_s = kill_grace_s
+        self.accelerator, self.devices = device_info.detect(settings.cpu_slots)
+        self.recipes = load_recipes(settings.recipes_dir)
+        self.attempts: dict[int, Attempt] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._stop_now = False
+        self._env = self._runner_env()
+
+    # --- public ------------------------------------------------------------------
+
+    def run(self, *, drain: bool = False) -> None:
+        """Work until stopped; with ``drain``, until no job it could run is left."""
+        self._register()
+        log.info(
+            "worker %s: %d %s device(s), recipes %s",
+            self.worker_id, len(self.devices), self.accelerator, ", ".join(sorted(self.recipes)),
+        )
+        next_heartbeat = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_heartbeat:
+                    self._heartbeat()
+                    next_heartbeat = now + self.heartbeat_interval_s
+                self._supervise(now)
+                self._flush_logs()
+                claimed = False if self._stopping else self._claim()
+                if self._stopping and not self.attempts:
+                    break
+                if drain and not claimed and not self.attempts and not self._pending():
+                    break
+                if not claimed:
+                    self._wake.wait(self.poll_interval_s)
+                    self._wake.clear()
+        finally:
+            self._shutdown()
+
+    def stop(self, *, now: bool = False) -> None:
+        """Stop claiming and hand running jobs back; ``now`` kills them without grace."""
+        if self._stopping:
+            now = True  # a second request means: do not wait
+        self._stopping = True
+        self._stop_now = self._stop_now or now
+        for attempt in self.attempts.values():
+            attempt.request_stop("shutdown", 0.0 if self._stop_now else SHUTDOWN_GRACE_S)
+            if self._stop_now:
+                attempt.signal(signal.SIGKILL)
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: graceful stop; a second one: stop now."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    # --- the loop's steps ----------------------------------------------------------
+
+    def _register(self) -> None:
+        catalog.register_worker(
+            self.engine,
+            Worker(
+                id=self.worker_id, hostname=platform.node(), pid=os.getpid(),
+                accelerator=self.accelerator, devices=self.devices,
+                recipes=[r.describe() for r in self.recipes.values()],
+            ),
+        )
+
+    def _heartbeat(self) -> None:
+        catalog.worker_heartbeat(self.engine, self.worker_id)
+        live = {jid: a for jid, a in self.attempts.items() if a.stop_reason != "lease_lost"}
+        held = store.renew_lease(self.engine, [a.fence for a in live.values()], self.lease_s)
+        for job_id, attempt in live.items():
+            status = held.get(job_id)
+            if status is None:
+                # Someone else owns the job now: our runner must not keep training it.
+                log.warning("job %s: lease lost; killing its runner", job_id)
+                attempt.stop_reason = "lease_lost"
+                attempt.signal(signal.SIGKILL)
+            elif status == JobStatus.cancelling:
+                attempt.request_stop("cancel", self.kill_grace_s)
+        for job_id in store.expire_leases(self.engine):
+            log.warning("job %s: its worker's lease expired; requeued", job_id)
+
+    def _supervise(self, now: float) -> None:
+        for job_id, attempt in list(self.attempts.items()):
+            attempt.enforce(now, self.kill_grace_s)
+            if attempt.finished():
+                self._finish(attempt)
+                del self.attempts[job_id]
+
+    def _claim(self) -> bool:
+        free = self._free_devices()
+        job = store.claim_job(
+            self.engine, worker_id=self.worker_id, free_devices=len(free),
+            accelerator=self.accelerator, recipes=sorted(self.recipes), lease_s=self.lease_s,
+        )
+        if job is None:
+            return False
+        assert job.id is not None
+        held = free[: job.devices]
+        ddp = job.strategy == "ddp" or (job.strategy == "auto" and job.devices > 1)
+        processes = job.devices if ddp else 1
+        threads = device_info.threads_per_process(len(held), len(self.devices), processes)
+        attempt = Attempt.start(
+            job, held, accelerator=self.accelerator, threads=threads, env=self._env
+        )
+        self.attempts[job.id] = attempt
+        store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
+        attempt.note(
+            f"attempt {job.attempt} started on {self.worker_id}, "
+            f"{self.accelerator} devices {held}, runner pid {attempt.pgid}"
+        )
+        log.info("job %s: claimed (attempt %d) on devices %s", job.id, job.attempt, held)
+        return True
+
+    def _pending(self) -> bool:
+        return store.pending_count(
+            self.engine, max_devices=len(self.devices), accelerator=self.accelerator,
+            recipes=sorted(self.recipes),
+        ) > 0
+
+    def _free_devices(self) -> list[int]:
+        busy = {d for a in self.attempts.values() for d in a.devices}
+        return [d["index"] for d in self.devices if d["index"] not in busy]
+
+    def _flush_logs(self) -> None:
+        for attempt in self.attempts.values():
+            self._write_lines(attempt)
+
+    def _write_lines(self, attempt: Attempt) -> None:
+        lines = attempt.take_lines()
+        if not lines:
+            return
+        try:
+            store.append_logs(self.engine, attempt.fence, lines)
+        except Exception:  # keep them for the next tick rather than lose them
+            log.exception("job %s: could not store %d log lines", attempt.job_id, len(lines))
+            attempt.put_back(lines)
+
+    def _finish(self, attempt: Attempt) -> None:
+        """Record how an attempt ended, after its last process and log line are gone."""
+        attempt.join_pumps()
+        if attempt.stop_reason == "lease_lost":
+            return  # the job is another worker's now; we may not write about it
+        outcome = self._outcome(attempt)
+        attempt.note(f"attempt {attempt.fence.attempt} ended: {outcome.reason_message}")
+        self._write_lines(attempt)
+        if attempt.stop_reason == "shutdown":
+            store.release_attempt(
+                self.engine, attempt.fence, "worker_shutdown",
+                f"worker {self.worker_id} shut down; the job waits for a worker",
+            )
+        else:
+            store.finish_attempt(self.engine, attempt.fence, outcome)
+        log.info("job %s: attempt %d %s", attempt.job_id, attempt.fence.attempt, outcome.reason_message)
+
+    def _outcome(self, attempt: Attempt) -> Outcome:
+        if attempt.stop_reason == "cancel":
+            return Outcome(JobStatus.cancelled, "cancelled", "cancelled while running")
+        if attempt.stop_reason == "timeout":
+            return Outcome(
+                JobStatus.failed, "timeout", f"attempt exceeded timeout_s={attempt.timeout_s}"
+            )
+        if attempt.stop_reason == "shutdown":
+            return Outcome(JobStatus.queued, "worker_shutdown", "stopped by worker shutdown")
+        path = outcome_path(self.settings.data_dir, attempt.job_id, attempt.fence.attempt)
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            code = attempt.proc.returncode
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            return Outcome(
+                JobStatus.failed, "runner_died", f"runner {how} before reporting", retryable=True
+            )
+        if record["ok"]:
+            return Outcome(JobStatus.succeeded, "succeeded", "trained", result=record["result"])
+        error = record["error"]
+        return Outcome(
+            JobStatus.failed, error["code"], f"{error['type']}: {error['message']}"[:2000],
+            error=error, retryable=error["retryable"],
+        )
+
+    def _shutdown(self) -> None:
+        """Leave nothing running: kill what is left, hand its jobs back, say goodbye."""
+        for attempt in self.attempts.values():
+            attempt.request_stop("shutdown", 0.0)
+        deadline = time.monotonic() + self.kill_grace_s
+        while self.attempts and time.monotonic() < deadline:
+            self._supervise(time.monotonic())
+            time.sleep(0.05)
+        catalog.worker_stopped(self.engine, self.worker_id)
+        self.engine.dispose()
+
+    def _runner_env(self) -> dict[str, str]:
+        """The runner reads the same settings as this worker (absolute paths: cwd may differ)."""
+        env = dict(os.environ)
+        env["TRAINYARD_DATABASE_URL"] = self.settings.database_url
+        env["TRAINYARD_DATA_DIR"] = str(Path(self.settings.data_dir).resolve())
+        if self.settings.recipes_dir is not None:
+            env["TRAINYARD_RECIPES_DIR"] = str(Path(self.settings.recipes_dir).resolve())
+        return env

@@ -1,0 +1,286 @@
+"""The training loop every strategy shares: one function, called once per rank.
+
+The data order is the same whatever the strategy: every strategy draws batches
+through a ``DistributedSampler`` (one replica for single/dp), so the global batch k
+holds the same samples in every case and the same spec + seed ends with the same
+weights. Side effects (metrics, checkpoints, the final model) happen on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from workers.recipes import Recipe
+
+log = logging.getLogger(__name__)
+
+# Rank 0 records the training loss of its batch every this many steps.
+TRAIN_LOSS_EVERY_STEPS = 10
+# Rank 0 sends progress at most this often (the API promises a refresh every second).
+PROGRESS_INTERVAL_S = 0.25
+# Batch size for the validation pass (validation runs on rank 0, unsharded, in fp32).
+VAL_BATCH_SIZE = 1024
+# Checkpoints kept per job; older ones are deleted once a newer one is complete.
+KEEP_CHECKPOINTS = 2
+MODEL_FILE = "model.safetensors"
+
+
+class Sink(Protocol):
+    """Where rank 0 sends events; a queue the runner drains into the database."""
+
+    def put_nowait(self, item: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A job spec resolved for this worker; picklable, so mp.spawn can hand it to ranks."""
+
+    job_id: int
+    recipe: str
+    params: dict[str, Any]
+    strategy: str  # single | dp | ddp
+    accelerator: str  # cpu | cuda
+    devices: int
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    seed: int
+    precision: str
+    checkpoint_every: int
+    job_dir: str
+    recipes_dir: str | None = None
+    threads: int = 1  # torch intra-op threads per process on CPU
+    attempt: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.devices if self.strategy == "ddp" else 1
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.job_dir) / "checkpoints"
+
+
+def train(rank: int, spec: RunSpec, recipe: Recipe, device: torch.device, sink: Sink | None) -> dict[str, float]:
+    """Train (or resume) the job on this rank; returns the final metrics on rank 0."""
+    world = spec.world_size
+    distributed = spec.strategy == "ddp"
+    params = recipe.params.model_validate(spec.params)
+    train_set, val_set = recipe.build_datasets(params, spec.seed)
+
+    torch.manual_seed(spec.seed)  # the same initial weights on every rank and strategy
+    model = recipe.build_model(params).to(device)
+    optimizer = _optimizer(spec, model)
+    start_epoch, step = _resume(spec, model, optimizer, device)
+
+    wrapped: nn.Module = model
+    if distributed:
+        wrapped = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    elif spec.strategy == "dp":
+        # Without CUDA devices DataParallel is a pass-through wrapper around the module.
+        ids = list(range(spec.devices)) if device.type == "cuda" else None
+        wrapped = nn.DataParallel(model, device_ids=ids)
+
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        train_set, num_replicas=world, rank=rank, shuffle=True, seed=spec.seed
+    )
+    loader = DataLoader(train_set, batch_size=spec.batch_size // world, sampler=sampler)
+    steps_per_epoch = len(loader)
+    total_steps = steps_per_epoch * spec.epochs
+    bf16 = spec.precision == "bf16"
+    reporter = _Reporter(sink, spec, total_steps, step) if rank == 0 else None
+
+    result: dict[str, float] = {}
+    for epoch in range(start_epoch, spec.epochs):
+        sampler.set_epoch(epoch)
+        wrapped.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        seen = 0
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = recipe.loss(wrapped(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            loss_sum += loss.detach().double() * len(x)  # no .item(): no sync per step
+            seen += len(x)
+            if reporter is not None:
+                reporter.step(epoch + 1, step, loss)
+        totals = torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=device)])
+        if distributed:
+            dist.all_reduce(totals)  # the epoch's loss over every rank's samples
+        if rank == 0:
+            result = _end_of_epoch(spec, recipe, model, optimizer, val_set, device, epoch, step, totals)
+            assert reporter is not None
+            reporter.epoch(epoch + 1, step, result)
+    if rank == 0:
+        _atomic_save(lambda p: save_file(_cpu_state(model), str(p)), Path(spec.job_dir) / MODEL_FILE)
+        if not result:  # resumed after the last epoch's checkpoint: report what it holds
+            result = {"val/loss": evaluate(recipe, model, val_set, device)["val/loss"]}
+    return result
+
+
+def evaluate(recipe: Recipe, model: nn.Module, val_set: Any, device: torch.device) -> dict[str, float]:
+    """Validation loss (and recipe metrics), per-sample means over the whole set, in fp32."""
+    model.eval()
+    totals: dict[str, float] = {}
+    n = 0
+    with torch.no_grad():
+        for x, y in DataLoader(val_set, batch_size=VAL_BATCH_SIZE):
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            values = {"loss": recipe.loss(out, y).item()}
+            if recipe.metrics is not None:
+                values.update(recipe.metrics(out, y))
+            for k, v in values.items():
+                totals[k] = totals.get(k, 0.0) + v * len(x)
+            n += len(x)
+    model.train()
+    return {f"val/{k}": v / max(n, 1) for k, v in totals.items()}
+
+
+def _end_of_epoch(
+    spec: RunSpec, recipe: Recipe, model: nn.Module, optimizer: torch.optim.Optimizer,
+    val_set: Any, device: torch.device, epoch: int, step: int, totals: torch.Tensor,
+) -> dict[str, float]:
+    total, count = totals.tolist()
+    metrics = {"train/epoch_loss": total / max(count, 1), "train/lr": optimizer.param_groups[0]["lr"]}
+    metrics.update(evaluate(recipe, model, val_set, device))
+    done = epoch + 1
+    if done % spec.checkpoint_every == 0 or done == spec.epochs:
+        _save_checkpoint(spec, model, optimizer, done, step)
+    return metrics
+
+
+def _optimizer(spec: RunSpec, model: nn.Module) -> torch.optim.Optimizer:
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9)
+    return torch.optim.AdamW(model.parameters(), lr=spec.lr)
+
+
+def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+def _atomic_save(write: Any, path: Path) -> None:
+    """Write to a hidden temp file, fsync, then rename: a kill never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _save_checkpoint(
+    spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int
+) -> None:
+    state = {
+        "model": _cpu_state(model),  # the unwrapped module: loads without DDP/DP
+        "optimizer": optimizer.state_dict(),
+        "epoch": epoch,  # epochs completed
+        "step": step,
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "spec": {k: v for k, v in spec.__dict__.items() if k != "extra"},
+    }
+    path = spec.checkpoint_dir / f"epoch-{epoch:06d}.pt"
+    _atomic_save(lambda p: torch.save(state, p), path)
+    for old in sorted(spec.checkpoint_dir.glob("epoch-*.pt"))[:-KEEP_CHECKPOINTS]:
+        old.unlink(missing_ok=True)
+
+
+def _resume(
+    spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> tuple[int, int]:
+    """Load the newest complete checkpoint, if any; returns (epochs done, step)."""
+    for path in sorted(spec.checkpoint_dir.glob("epoch-*.pt"), reverse=True):
+        try:
+            state = torch.load(path, map_location=device, weights_only=True)
+        except Exception:  # a damaged file: fall back to the one before
+            log.warning("job %s: cannot read checkpoint %s; trying an older one", spec.job_id, path)
+            continue
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng_cpu"].cpu())
+        if state["rng_cuda"] and device.type == "cuda":
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+        log.info("job %s: resuming from %s (epoch %d)", spec.job_id, path.name, state["epoch"])
+        return int(state["epoch"]), int(state["step"])
+    return 0, 0
+
+
+class _Reporter:
+    """Rank 0's progress and metric events, throttled; never waits on the database."""
+
+    def __init__(self, sink: Sink | None, spec: RunSpec, total_steps: int, step: int) -> None:
+        self.sink = sink
+        self.spec = spec
+        self.total_steps = total_steps
+        self.last_time = time.monotonic()
+        self.last_step = step
+        self.loss: float | None = None
+        self.samples_per_s: float | None = None
+
+    def _send(self, kind: str, payload: dict[str, Any]) -> None:
+        if self.sink is not None:
+            self.sink.put_nowait((kind, payload))
+
+    def step(self, epoch: int, step: int, loss: torch.Tensor) -> None:
+        if step % TRAIN_LOSS_EVERY_STEPS == 0:
+            self.loss = loss.item()
+            self._metric("train/loss", step, epoch, self.loss)
+        now = time.monotonic()
+        if now - self.last_time >= PROGRESS_INTERVAL_S:
+            self._progress(epoch, step, now)
+
+    def epoch(self, epochs_done: int, step: int, metrics: dict[str, float]) -> None:
+        self._progress(epochs_done, step, time.monotonic(), force_rate=True)
+        if self.samples_per_s is not None:
+            metrics = {**metrics, "train/samples_per_s": self.samples_per_s}
+        for name, value in metrics.items():
+            self._metric(name, step, epochs_done, value)
+
+    def _progress(self, epoch: int, step: int, now: float, force_rate: bool = False) -> None:
+        dt = now - self.last_time
+        if step > self.last_step and (dt > 0 or force_rate):
+            rate = (step - self.last_step) / max(dt, 1e-9)
+            self.samples_per_s = rate * self.spec.batch_size
+            eta: float | None = (self.total_steps - step) / rate
+        else:
+            eta = None
+        self.last_time, self.last_step = now, step
+        self._send(
+            "progress",
+            {
+                "epoch": epoch, "epochs": self.spec.epochs, "step": step,
+                "total_steps": self.total_steps, "loss": self.loss,
+                "samples_per_s": _finite(self.samples_per_s), "eta_s": _finite(eta),
+            },
+        )
+
+    def _metric(self, name: str, step: int, epoch: int, value: float) -> None:
+        if math.isfinite(value):
+            self._send("metric", {"name": name, "step": step, "epoch": epoch, "value": value, "time": time.time()})
+
+
+def _finite(x: float | None) -> float | None:
+    return round(x, 3) if x is not None and math.isfinite(x) else None
