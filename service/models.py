@@ -70,9 +70,21 @@ class Precision(StrEnum):
     bf16 = "bf16"
 
 
-def _enum_col() -> Any:
-    # Enums are stored as plain strings: portable, and new members need no migration.
-    return String(16)
+class EnumAsString(TypeDecorator[StrEnum]):
+    """Stores an enum as its value in VARCHAR(16): portable, and new members need no migration."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def __init__(self, enum: type[StrEnum]) -> None:
+        super().__init__()
+        self.enum = enum
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: Any, dialect: Any) -> StrEnum | None:
+        return None if value is None else self.enum(value)
 
 
 class JobBase(SQLModel):
@@ -89,23 +101,23 @@ class JobBase(SQLModel):
     )
     strategy: Strategy = Field(
         Strategy.auto,
-        sa_type=_enum_col(),
+        sa_type=EnumAsString(Strategy),
         description="auto: ddp when devices > 1, else single.",
     )
     devices: int = Field(
         1, ge=1, le=1024, description="GPUs for the job; on CPU, processes for ddp."
     )
     accelerator: Accelerator = Field(
-        Accelerator.auto, sa_type=_enum_col(), description="auto: cuda when the worker has GPUs."
+        Accelerator.auto, sa_type=EnumAsString(Accelerator), description="auto: cuda when the worker has GPUs."
     )
     epochs: int = Field(1, ge=1, le=100_000)
     batch_size: int = Field(
         64, ge=1, le=1_000_000, description="The global batch; ddp gives each rank batch/devices."
     )
     lr: float = Field(1e-3, gt=0, le=10, description="Learning rate.")
-    optimizer: Optimizer = Field(Optimizer.adamw, sa_type=_enum_col())
+    optimizer: Optimizer = Field(Optimizer.adamw, sa_type=EnumAsString(Optimizer))
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Same spec + seed => same weights.")
-    precision: Precision = Field(Precision.fp32, sa_type=_enum_col())
+    precision: Precision = Field(Precision.fp32, sa_type=EnumAsString(Precision))
     priority: int = Field(0, ge=-100, le=100, description="Higher runs first.")
     max_attempts: int = Field(3, ge=1, le=10)
     timeout_s: int | None = Field(
@@ -145,7 +157,7 @@ class Job(JobBase, table=True):
     )
 
     id: int | None = Field(default=None, primary_key=True)
-    status: JobStatus = Field(JobStatus.queued, sa_type=_enum_col())
+    status: JobStatus = Field(JobStatus.queued, sa_type=EnumAsString(JobStatus))
     reason_code: str | None = Field(None, max_length=32)
     reason_message: str | None = Field(None, max_length=2000)
     attempt: int = 1

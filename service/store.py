@@ -74,7 +74,7 @@ def _transition(
         .where(Job.id == job_id, col(Job.status).in_(ALLOWED_FROM[to]), *where)
         .values(status=to, **values)
         .returning(Job)
-        .execution_options(synchronize_session=False)
+        .execution_options(synchronize_session=False, populate_existing=True)
     )
     return session.exec(stmt).scalar_one_or_none()  # type: ignore[call-overload, no-any-return]
 
@@ -237,7 +237,7 @@ def claim_job(
                 reason_message=f"attempt running on {worker_id}",
             )
             .returning(Job)
-            .execution_options(synchronize_session=False)
+            .execution_options(synchronize_session=False, populate_existing=True)
         ).scalars().all()
         if len(rows) > 1:  # pragma: no cover - the WHERE id = (one id) makes this impossible
             raise RuntimeError(f"claim changed {len(rows)} rows")

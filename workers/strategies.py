@@ -101,6 +101,7 @@ def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
         "nccl" if cuda else "gloo", store=store, rank=rank, world_size=spec.world_size,
         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
+    log.info("rank %d of %d joined the %s group", rank, spec.world_size, dist.get_backend())
     clean = False
     try:
         recipe = load_recipes(Path(spec.recipes_dir) if spec.recipes_dir else None)[spec.recipe]

@@ -48,7 +48,7 @@ def _regression_data(p: RegressionParams, seed: int) -> tuple[TensorDataset, Ten
     w = torch.randn(p.features, 1, generator=g)
     n = p.train_samples + p.val_samples
     x = torch.randn(n, p.features, generator=g)
-    y = torch.sin(x @ w) + p.noise * torch.randn(n, 1, generator=g)
+    y = torch.sin(x @ w / p.features**0.5) + p.noise * torch.randn(n, 1, generator=g)
     t = p.train_samples
     return TensorDataset(x[:t], y[:t]), TensorDataset(x[t:], y[t:])
 
@@ -74,7 +74,7 @@ def _accuracy(outputs: Tensor, targets: Tensor) -> dict[str, float]:
 RECIPES = [
     Recipe(
         name="mlp-regression",
-        summary="MLP regressing sin(x·w) plus noise on synthetic data fixed by the seed.",
+        summary="MLP regressing sin(x·w/√d) plus noise on synthetic data fixed by the seed.",
         params=RegressionParams,
         build_model=_regression_model,
         build_datasets=_regression_data,

@@ -1,0 +1,53 @@
+"""Bearer-token auth on /api/v1, and the refusal to serve the network without a token."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from service.app import create_app
+from service.settings import Settings
+
+ROUTES = [
+    ("GET", "/api/v1/jobs"),
+    ("POST", "/api/v1/jobs"),
+    ("GET", "/api/v1/jobs/1"),
+    ("POST", "/api/v1/jobs/1/cancel"),
+    ("GET", "/api/v1/jobs/1/metrics"),
+    ("GET", "/api/v1/jobs/1/logs"),
+    ("GET", "/api/v1/jobs/1/artifacts"),
+    ("GET", "/api/v1/jobs/1/artifacts/model.safetensors"),
+    ("GET", "/api/v1/recipes"),
+    ("GET", "/api/v1/workers"),
+]
+
+
+def test_every_api_route_needs_the_token(settings: Settings, engine: Engine) -> None:
+    app = create_app(settings.model_copy(update={"api_token": "s3cret"}), engine)
+    with TestClient(app) as client:
+        api_paths = {p for p in client.get("/openapi.json").json()["paths"] if p.startswith("/api/v1")}
+        assert api_paths == {p.replace("/jobs/1", "/jobs/{job_id}").replace("model.safetensors", "{name}") for _, p in ROUTES}
+        for method, path in ROUTES:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                r = client.request(method, path, headers=headers)
+                assert r.status_code == 401, (method, path, headers)
+                assert r.headers["www-authenticate"] == "Bearer"
+        ok = client.get("/api/v1/jobs", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert client.get("/healthz").json() == {"status": "ok", "database": "ok"}
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::", "example.org"])
+def test_refuses_network_bind_without_token(host: str) -> None:
+    with pytest.raises(SystemExit, match="TRAINYARD_API_TOKEN"):
+        Settings(host=host, api_token=None).require_safe_bind()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_loopback_needs_no_token(host: str) -> None:
+    Settings(host=host, api_token=None).require_safe_bind()
+
+
+def test_network_bind_with_token_is_allowed() -> None:
+    Settings(host="0.0.0.0", api_token="t").require_safe_bind()

@@ -1,0 +1,129 @@
+"""The job store: claims, fencing, retries and lease expiry against real SQLite."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+from sqlalchemy import Engine, update
+
+from service import store
+from service.db import make_engine, write_session
+from service.models import Job, JobCreate, JobStatus
+from service.store import Fence, Outcome
+
+CLAIM = {"worker_id": "w", "free_devices": 2, "accelerator": "cpu", "recipes": ["r"], "lease_s": 30.0}
+
+
+def enqueue(engine: Engine, **spec: Any) -> int:
+    job, _ = store.create_job(engine, JobCreate(recipe="r", **spec))
+    assert job.id is not None
+    return job.id
+
+
+def claim(engine: Engine, **overrides: Any) -> Fence | None:
+    job = store.claim_job(engine, **{**CLAIM, **overrides})
+    if job is None:
+        return None
+    assert job.id is not None and job.lease_token is not None
+    return Fence(job.id, job.attempt, job.lease_token)
+
+
+def test_claim_order_priority_then_oldest_and_fit(engine: Engine) -> None:
+    low = enqueue(engine)
+    high = enqueue(engine, priority=5)
+    big = enqueue(engine, priority=9, devices=4)
+    other_recipe_job, _ = store.create_job(engine, JobCreate(recipe="elsewhere", priority=50))
+    cuda_only = enqueue(engine, priority=50, accelerator="cuda")
+    first, second = claim(engine), claim(engine)
+    assert first is not None and second is not None
+    assert (first.job_id, second.job_id) == (high, low)  # big does not fit, others not offered
+    assert claim(engine) is None
+    assert store.read_only_job(engine, big).status == JobStatus.queued
+    assert claim(engine, free_devices=4, accelerator="cuda").job_id == cuda_only  # type: ignore[union-attr]
+    assert store.read_only_job(engine, other_recipe_job.id).status == JobStatus.queued  # type: ignore[arg-type]
+
+
+def _claimer(url: str, out: Any) -> None:
+    engine = make_engine(url)
+    got = []
+    while (job := store.claim_job(engine, **CLAIM)) is not None:
+        got.append(job.id)
+    out.put(got)
+
+
+def test_two_processes_never_claim_the_same_job(engine: Engine, settings: Any) -> None:
+    ids = {enqueue(engine) for _ in range(300)}
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(settings.database_url, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    claimed = results[0] + results[1]
+    assert len(claimed) == len(set(claimed)) == len(ids)  # each exactly once
+    assert set(claimed) == ids
+
+
+def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
+    enqueue(engine)
+    fence = claim(engine)
+    assert fence is not None
+    stale = Fence(fence.job_id, fence.attempt, "not-the-token")
+    assert store.renew_lease(engine, [fence, stale], 30) == {fence.job_id: JobStatus.running}
+    assert not store.report(engine, stale, progress={"step": 1})
+    assert not store.append_logs(engine, stale, [(0.0, "stdout", "x")])
+    assert store.finish_attempt(engine, stale, Outcome(JobStatus.succeeded, "ok", "ok")) is None
+    done = store.finish_attempt(engine, fence, Outcome(JobStatus.succeeded, "succeeded", "trained"))
+    assert done is not None and done.status == JobStatus.succeeded
+    assert done.finished_at is not None and done.lease_token is None
+    # terminal is final: nothing moves it again
+    assert store.finish_attempt(engine, fence, Outcome(JobStatus.failed, "x", "x")) is None
+
+
+def test_retryable_failure_requeues_until_max_attempts(engine: Engine) -> None:
+    job_id = enqueue(engine, max_attempts=2)
+    fence = claim(engine)
+    assert fence is not None
+    failure = Outcome(JobStatus.failed, "error", "boom", retryable=True)
+    again = store.finish_attempt(engine, fence, failure)
+    assert again is not None and again.status == JobStatus.queued and again.attempt == 2
+    assert again.reason_code == "error" and "retrying" in (again.reason_message or "")
+    assert claim(engine) is None  # waiting out the back-off
+    with write_session(engine) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(run_after=None))  # type: ignore[arg-type]
+    fence2 = claim(engine)
+    assert fence2 is not None and fence2.attempt == 2
+    last = store.finish_attempt(engine, fence2, failure)
+    assert last is not None and last.status == JobStatus.failed and last.attempt == 2
+
+
+def test_not_retryable_failure_fails_at_once(engine: Engine) -> None:
+    enqueue(engine, max_attempts=5)
+    fence = claim(engine)
+    assert fence is not None
+    done = store.finish_attempt(engine, fence, Outcome(JobStatus.failed, "bad_params", "no", retryable=False))
+    assert done is not None and done.status == JobStatus.failed and done.reason_code == "bad_params"
+
+
+def test_cancel_while_running_then_finish_is_cancelled(engine: Engine) -> None:
+    job_id = enqueue(engine)
+    fence = claim(engine)
+    assert fence is not None
+    assert store.cancel_job(engine, job_id).status == JobStatus.cancelling
+    assert store.renew_lease(engine, [fence], 30) == {job_id: JobStatus.cancelling}
+    done = store.finish_attempt(engine, fence, Outcome(JobStatus.cancelled, "cancelled", "stopped"))
+    assert done is not None and done.status == JobStatus.cancelled
+
+
+def test_expired_lease_requeues_with_worker_lost(engine: Engine) -> None:
+    job_id = enqueue(engine)
+    fence = claim(engine, lease_s=-1.0)  # already expired
+    assert fence is not None
+    assert store.expire_leases(engine) == [job_id]
+    job = store.read_only_job(engine, job_id)
+    assert job.status == JobStatus.queued and job.attempt == 2 and job.reason_code == "worker_lost"
+    assert not store.report(engine, fence, progress={"step": 1})  # the old owner is fenced out
