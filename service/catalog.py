@@ -11,7 +11,16 @@ from sqlmodel import Session, col
 
 from service.db import write_session
 from service.errors import SpecInvalid
-from service.models import Job, JobCreate, JobStatus, RecipeRead, Strategy, Worker, WorkerRead, utcnow
+from service.models import (
+    Job,
+    JobCreate,
+    JobStatus,
+    RecipeRead,
+    Strategy,
+    Worker,
+    WorkerRead,
+    utcnow,
+)
 
 # A worker whose heartbeat is older than this is shown as not alive.
 WORKER_ALIVE_S = 30.0
@@ -27,22 +36,24 @@ def worker_heartbeat(engine: Engine, worker_id: str) -> None:
     """Mark the worker alive now."""
     with write_session(engine) as session:
         session.execute(
-            update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow(), stopped_at=None)  # type: ignore[arg-type]
+            update(Worker)
+            .where(Worker.id == worker_id)
+            .values(heartbeat_at=utcnow(), stopped_at=None)
         )
 
 
 def worker_stopped(engine: Engine, worker_id: str) -> None:
     """Mark a worker as cleanly stopped."""
     with write_session(engine) as session:
-        session.execute(update(Worker).where(Worker.id == worker_id).values(stopped_at=utcnow()))  # type: ignore[arg-type]
+        session.execute(update(Worker).where(Worker.id == worker_id).values(stopped_at=utcnow()))
 
 
 def list_workers(session: Session) -> list[WorkerRead]:
     """Every registered worker with its devices and the jobs holding them."""
     now = utcnow()
-    workers = session.exec(select(Worker).order_by(Worker.id)).scalars().all()  # type: ignore[call-overload]
+    workers = session.exec(select(Worker).order_by(Worker.id)).scalars().all()
     held = session.exec(
-        select(Job.id, Job.worker_id, Job.assigned_devices).where(  # type: ignore[call-overload]
+        select(Job.id, Job.worker_id, Job.assigned_devices).where(
             col(Job.status).in_((JobStatus.running, JobStatus.cancelling))
         )
     ).all()
@@ -51,8 +62,13 @@ def list_workers(session: Session) -> list[WorkerRead]:
         age = (now - w.heartbeat_at).total_seconds()
         out.append(
             WorkerRead(
-                id=w.id, hostname=w.hostname, pid=w.pid, accelerator=w.accelerator,
-                devices=w.devices, started_at=w.started_at, heartbeat_age_s=round(age, 3),
+                id=w.id,
+                hostname=w.hostname,
+                pid=w.pid,
+                accelerator=w.accelerator,
+                devices=w.devices,
+                started_at=w.started_at,
+                heartbeat_age_s=round(age, 3),
                 alive=w.stopped_at is None and age < WORKER_ALIVE_S,
                 running_jobs={jid: devs or [] for jid, wid, devs in held if wid == w.id},
             )
@@ -62,7 +78,7 @@ def list_workers(session: Session) -> list[WorkerRead]:
 
 def recipe_catalog(session: Session) -> dict[str, RecipeRead]:
     """Recipes offered by registered workers, by name (the newest worker's schema wins)."""
-    workers = session.exec(select(Worker).order_by(col(Worker.heartbeat_at).desc())).scalars()  # type: ignore[call-overload]
+    workers = session.exec(select(Worker).order_by(col(Worker.heartbeat_at).desc())).scalars()
     catalog: dict[str, RecipeRead] = {}
     for w in workers:
         for r in w.recipes:
@@ -76,7 +92,7 @@ def recipe_catalog(session: Session) -> dict[str, RecipeRead]:
 def check_spec(session: Session, spec: JobCreate) -> tuple[str, str]:
     """Refuse a spec no registered worker could run; returns the reason it waits with."""
     _check_shape(spec)
-    workers = session.exec(select(Worker)).scalars().all()  # type: ignore[call-overload]
+    workers = session.exec(select(Worker)).scalars().all()
     if not workers:
         return ("no_worker", "no worker has registered yet; the job waits for one")
     catalog = recipe_catalog(session)
@@ -95,7 +111,9 @@ def check_spec(session: Session, spec: JobCreate) -> tuple[str, str]:
         )
     cuda = [w for w in workers if w.accelerator == "cuda"]
     if spec.accelerator == "cuda" and not cuda:
-        raise SpecInvalid.at(("accelerator",), "no registered worker has CUDA GPUs; use cpu or auto")
+        raise SpecInvalid.at(
+            ("accelerator",), "no registered worker has CUDA GPUs; use cpu or auto"
+        )
     on_cpu = spec.accelerator == "cpu" or (spec.accelerator == "auto" and not cuda)
     if spec.strategy == Strategy.dp and spec.devices > 1 and on_cpu:
         raise SpecInvalid.at(
@@ -129,4 +147,4 @@ def _check_shape(spec: JobCreate) -> None:
 def stale_workers(session: Session, older_than_s: float) -> list[Any]:
     """Workers not heard from in ``older_than_s`` seconds."""
     cutoff = utcnow() - timedelta(seconds=older_than_s)
-    return list(session.exec(select(Worker).where(Worker.heartbeat_at < cutoff)).scalars())  # type: ignore[call-overload]
+    return list(session.exec(select(Worker).where(Worker.heartbeat_at < cutoff)).scalars())

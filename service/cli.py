@@ -14,11 +14,11 @@ import httpx
 import typer
 import yaml
 
-app = typer.Typer(help="Trainyard: PyTorch training jobs on a GPU box you own.", no_args_is_help=True)
+app = typer.Typer(
+    help="Trainyard: PyTorch training jobs on a GPU box you own.", no_args_is_help=True
+)
 
-UrlOpt = Annotated[
-    str, typer.Option("--url", envvar="TRAINYARD_URL", help="Server to talk to.")
-]
+UrlOpt = Annotated[str, typer.Option("--url", envvar="TRAINYARD_URL", help="Server to talk to.")]
 TokenOpt = Annotated[
     str | None, typer.Option("--token", envvar="TRAINYARD_API_TOKEN", help="Bearer token.")
 ]
@@ -66,7 +66,9 @@ def worker(
     from service.settings import Settings
     from workers.supervisor import Supervisor
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     supervisor = Supervisor(Settings(), worker_id=worker_id)
     supervisor.install_signal_handlers()
     supervisor.run(drain=drain)
@@ -107,7 +109,9 @@ def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
         except ValueError:
             detail = response.text
         if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail)
+            detail = "; ".join(
+                f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail
+            )
         typer.echo(f"error {response.status_code}: {detail}", err=True)
         raise typer.Exit(1)
     return response.json()
@@ -149,8 +153,13 @@ def submit(
             raise typer.BadParameter(f"{file} must hold a mapping of job fields")
         spec.update(loaded)
     options = {
-        "recipe": recipe, "strategy": strategy, "devices": devices, "accelerator": accelerator,
-        "epochs": epochs, "batch_size": batch_size, "name": name,
+        "recipe": recipe,
+        "strategy": strategy,
+        "devices": devices,
+        "accelerator": accelerator,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "name": name,
     }
     spec.update({k: v for k, v in options.items() if v is not None})
     if param:
@@ -221,9 +230,10 @@ def list_jobs(
 
 def _print_jobs(jobs: list[dict[str, Any]]) -> None:
     for job in jobs:
+        reason = (job.get("reason") or {}).get("message", "")
         typer.echo(
             f"{job['id']:>6}  {job['status']:<10}  {job['recipe']:<20}  "
-            f"{job['strategy']:<6} x{job['devices']}  {(job.get('reason') or {}).get('message', '')}"
+            f"{job['strategy']:<6} x{job['devices']}  {reason}"
         )
 
 
@@ -246,7 +256,9 @@ def logs(
                 return
             if not lines and _call(client, "GET", f"/jobs/{job_id}")["status"] in TERMINAL:
                 # one more read: lines may have landed between the two calls
-                for line in _call(client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after}):
+                for line in _call(
+                    client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after}
+                ):
                     typer.echo(line["text"])
                 return
             if not lines:

@@ -91,9 +91,7 @@ class JobBase(SQLModel):
     """The job spec: what to train and how."""
 
     name: str | None = Field(None, max_length=100, description="A label for people.")
-    recipe: str = Field(
-        max_length=100, description="A registered recipe, see GET /api/v1/recipes."
-    )
+    recipe: str = Field(max_length=100, description="A registered recipe, see GET /api/v1/recipes.")
     params: dict[str, Any] = Field(
         default_factory=dict,
         sa_type=JSON,
@@ -108,7 +106,9 @@ class JobBase(SQLModel):
         1, ge=1, le=1024, description="GPUs for the job; on CPU, processes for ddp."
     )
     accelerator: Accelerator = Field(
-        Accelerator.auto, sa_type=EnumAsString(Accelerator), description="auto: cuda when the worker has GPUs."
+        Accelerator.auto,
+        sa_type=EnumAsString(Accelerator),
+        description="auto: cuda when the worker has GPUs.",
     )
     epochs: int = Field(1, ge=1, le=100_000)
     batch_size: int = Field(
@@ -211,8 +211,15 @@ class JobRead(JobBase):
     @classmethod
     def from_row(cls, job: Job, queue_position: int | None = None) -> JobRead:
         data = job.model_dump(
-            exclude={"reason_code", "reason_message", "lease_token", "lease_expires_at",
-                     "runner_pgid", "run_after", "idempotency_key"}
+            exclude={
+                "reason_code",
+                "reason_message",
+                "lease_token",
+                "lease_expires_at",
+                "runner_pgid",
+                "run_after",
+                "idempotency_key",
+            }
         )
         reason = (
             Reason(code=job.reason_code, message=job.reason_message or "")
@@ -282,7 +289,7 @@ class Worker(SQLModel, table=True):
     recipes: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
-    stopped_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class WorkerRead(SQLModel):

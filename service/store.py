@@ -9,11 +9,12 @@ nothing and reports so; nothing is read, decided in Python, then written back.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy import Engine, and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
@@ -76,7 +77,7 @@ def _transition(
         .returning(Job)
         .execution_options(synchronize_session=False, populate_existing=True)
     )
-    return session.exec(stmt).scalar_one_or_none()  # type: ignore[call-overload, no-any-return]
+    return session.exec(stmt).scalar_one_or_none()
 
 
 # --- submit, read, cancel (API side) -------------------------------------------------
@@ -93,10 +94,15 @@ def create_job(
     with write_session(engine) as session:
         if idempotency_key is not None:
             existing = session.exec(
-                select(Job).where(Job.idempotency_key == idempotency_key)  # type: ignore[call-overload]
+                select(Job).where(Job.idempotency_key == idempotency_key)
             ).scalar_one_or_none()
             if existing is not None:
-                if JobCreate.model_validate(existing.model_dump(include=set(JobCreate.model_fields))) != spec:
+                if (
+                    JobCreate.model_validate(
+                        existing.model_dump(include=set(JobCreate.model_fields))
+                    )
+                    != spec
+                ):
                     raise IdempotencyConflict(
                         f"Idempotency-Key {idempotency_key!r} was used for a different job "
                         f"({existing.id})"
@@ -133,8 +139,8 @@ def list_jobs(
     if status is not None:
         query = query.where(Job.status == status)
         count = count.where(Job.status == status)
-    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit).offset(offset))  # type: ignore[call-overload]
-    total = session.exec(count).scalar_one()  # type: ignore[call-overload]
+    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit).offset(offset))
+    total = session.exec(count).scalar_one()
     return list(rows.scalars()), int(total)
 
 
@@ -143,13 +149,13 @@ def queue_position(session: Session, job: Job) -> int | None:
     if job.status != S.queued:
         return None
     ahead = session.exec(
-        select(func.count())  # type: ignore[call-overload]
+        select(func.count())
         .select_from(Job)
         .where(
             Job.status == S.queued,
             or_(
                 col(Job.priority) > job.priority,
-                (Job.priority == job.priority) & (col(Job.id) < job.id),
+                and_(col(Job.priority) == job.priority, col(Job.id) < job.id),
             ),
         )
     ).scalar_one()
@@ -167,13 +173,20 @@ def cancel_job(engine: Engine, job_id: int) -> Job:
             raise InvalidTransition(f"job {job_id} already {job.status}; nothing to cancel")
         if job.status == S.queued:
             done = _transition(
-                session, job_id, S.cancelled, finished_at=now,
-                reason_code="cancelled", reason_message="cancelled before it started",
+                session,
+                job_id,
+                S.cancelled,
+                finished_at=now,
+                reason_code="cancelled",
+                reason_message="cancelled before it started",
             )
         else:
             done = _transition(
-                session, job_id, S.cancelling,
-                reason_code="cancelling", reason_message="cancel requested; stopping the job",
+                session,
+                job_id,
+                S.cancelling,
+                reason_code="cancelling",
+                reason_message="cancel requested; stopping the job",
             )
         assert done is not None, "status changed inside an IMMEDIATE transaction"
         return done
@@ -222,23 +235,27 @@ def claim_job(
         .scalar_subquery()
     )
     with write_session(engine) as session:
-        rows = session.exec(
-            update(Job)  # type: ignore[call-overload]
-            .where(Job.id == candidate, Job.status == S.queued)
-            .values(
-                status=S.running,
-                worker_id=worker_id,
-                lease_token=secrets.token_hex(16),
-                lease_expires_at=now + timedelta(seconds=lease_s),
-                started_at=now,
-                finished_at=None,
-                progress=None,
-                reason_code="running",
-                reason_message=f"attempt running on {worker_id}",
+        rows = (
+            session.exec(
+                update(Job)
+                .where(Job.id == candidate, Job.status == S.queued)
+                .values(
+                    status=S.running,
+                    worker_id=worker_id,
+                    lease_token=secrets.token_hex(16),
+                    lease_expires_at=now + timedelta(seconds=lease_s),
+                    started_at=now,
+                    finished_at=None,
+                    progress=None,
+                    reason_code="running",
+                    reason_message=f"attempt running on {worker_id}",
+                )
+                .returning(Job)
+                .execution_options(synchronize_session=False, populate_existing=True)
             )
-            .returning(Job)
-            .execution_options(synchronize_session=False, populate_existing=True)
-        ).scalars().all()
+            .scalars()
+            .all()
+        )
         if len(rows) > 1:  # pragma: no cover - the WHERE id = (one id) makes this impossible
             raise RuntimeError(f"claim changed {len(rows)} rows")
         return rows[0] if rows else None
@@ -249,7 +266,9 @@ def pending_count(engine: Engine, *, max_devices: int, accelerator: str, recipes
     with read_session(engine) as session:
         return int(
             session.exec(
-                select(func.count()).select_from(Job).where(*_claimable(max_devices, accelerator, recipes))  # type: ignore[call-overload]
+                select(func.count())
+                .select_from(Job)
+                .where(*_claimable(max_devices, accelerator, recipes))
             ).scalar_one()
         )
 
@@ -258,7 +277,7 @@ def record_start(engine: Engine, fence: Fence, *, devices: list[int], pgid: int)
     """Note which devices and process group an attempt holds (for kill and crash recovery)."""
     with write_session(engine) as session:
         result = session.exec(
-            update(Job).where(*_fenced(fence)).values(assigned_devices=devices, runner_pgid=pgid)  # type: ignore[call-overload]
+            update(Job).where(*_fenced(fence)).values(assigned_devices=devices, runner_pgid=pgid)
         )
         return bool(result.rowcount == 1)
 
@@ -272,7 +291,7 @@ def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int
     with write_session(engine) as session:
         for fence in fences:
             status = session.exec(
-                update(Job)  # type: ignore[call-overload]
+                update(Job)
                 .where(*_fenced(fence))
                 .values(lease_expires_at=expires)
                 .returning(Job.status)
@@ -287,13 +306,13 @@ def report(
     fence: Fence,
     *,
     progress: dict[str, Any] | None = None,
-    metrics: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    metrics: Sequence[dict[str, Any]] = (),
 ) -> bool:
     """Write progress and metric points of a running attempt in one transaction (fenced)."""
     with write_session(engine) as session:
         values: dict[str, Any] = {"progress": progress} if progress is not None else {}
         owned = session.exec(
-            update(Job).where(*_fenced(fence)).values(**values).returning(Job.id)  # type: ignore[call-overload]
+            update(Job).where(*_fenced(fence)).values(**values).returning(Job.id)
             if values
             else select(Job.id).where(*_fenced(fence))
         ).scalar_one_or_none()
@@ -311,15 +330,15 @@ def append_logs(engine: Engine, fence: Fence, lines: list[tuple[float, str, str]
         return True
     with write_session(engine) as session:
         owned = session.exec(
-            select(Job.id).where(*_fenced(fence)).with_for_update()  # type: ignore[call-overload]
+            select(Job.id).where(*_fenced(fence)).with_for_update()
         ).scalar_one_or_none()
         if owned is None:
             return False
         last = session.exec(
-            select(func.coalesce(func.max(LogLine.seq), 0)).where(LogLine.job_id == fence.job_id)  # type: ignore[call-overload]
+            select(func.coalesce(func.max(LogLine.seq), 0)).where(LogLine.job_id == fence.job_id)
         ).scalar_one()
         session.execute(
-            LogLine.__table__.insert(),  # type: ignore[attr-defined]
+            LogLine.__table__.insert(),
             [
                 {"job_id": fence.job_id, "seq": last + i, "time": t, "stream": s, "text": x}
                 for i, (t, s, x) in enumerate(lines, start=1)
@@ -345,7 +364,7 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
     now = utcnow()
     with write_session(engine) as session:
         job = session.exec(
-            select(Job).where(*_fenced(fence)).with_for_update()  # type: ignore[call-overload]
+            select(Job).where(*_fenced(fence)).with_for_update()
         ).scalar_one_or_none()
         if job is None:
             return None  # the lease was lost; the job is someone else's now
@@ -358,15 +377,29 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
         }
         if job.status == S.cancelling and outcome.status != S.succeeded:
             return _transition(
-                session, job.id, S.cancelled, finished_at=now, error=outcome.error,
-                **{**common, "reason_code": "cancelled", "reason_message": "cancelled while running"},
+                session,
+                job.id,
+                S.cancelled,
+                finished_at=now,
+                error=outcome.error,
+                **{
+                    **common,
+                    "reason_code": "cancelled",
+                    "reason_message": "cancelled while running",
+                },
             )
         if outcome.status == S.failed and outcome.retryable and job.attempt < job.max_attempts:
             return _requeue(session, job, now, common, error=outcome.error)
         target = S.failed if outcome.status == S.cancelled else outcome.status
         return _transition(
-            session, job.id, target, *_fenced(fence), finished_at=now,
-            error=outcome.error, result=outcome.result, **common,
+            session,
+            job.id,
+            target,
+            *_fenced(fence),
+            finished_at=now,
+            error=outcome.error,
+            result=outcome.result,
+            **common,
         )
 
 
@@ -377,7 +410,9 @@ def _requeue(
     delay = min(RETRY_BACKOFF_BASE_S * 2 ** (job.attempt - 1), RETRY_BACKOFF_MAX_S)
     message = f"{common['reason_message']} (attempt {job.attempt} of {job.max_attempts}; retrying)"
     return _transition(
-        session, job.id, S.queued,
+        session,
+        job.id,
+        S.queued,
         Job.attempt == job.attempt,
         **{**common, "reason_message": message},
         attempt=job.attempt + 1,
@@ -392,15 +427,30 @@ def release_attempt(engine: Engine, fence: Fence, reason_code: str, message: str
     """Give a running job back to the queue without spending an attempt (worker shutdown)."""
     now = utcnow()
     cleared: dict[str, Any] = {
-        "reason_code": reason_code, "reason_message": message, "lease_token": None,
-        "lease_expires_at": None, "runner_pgid": None, "worker_id": None, "assigned_devices": None,
+        "reason_code": reason_code,
+        "reason_message": message,
+        "lease_token": None,
+        "lease_expires_at": None,
+        "runner_pgid": None,
+        "worker_id": None,
+        "assigned_devices": None,
     }
     with write_session(engine) as session:
-        done = _transition(session, fence.job_id, S.queued, *_fenced(fence), run_after=None, **cleared)
+        done = _transition(
+            session, fence.job_id, S.queued, *_fenced(fence), run_after=None, **cleared
+        )
         if done is None:  # cancel asked meanwhile: honour it rather than requeue
             done = _transition(
-                session, fence.job_id, S.cancelled, *_fenced(fence), finished_at=now,
-                **{**cleared, "reason_code": "cancelled", "reason_message": "cancelled while running"},
+                session,
+                fence.job_id,
+                S.cancelled,
+                *_fenced(fence),
+                finished_at=now,
+                **{
+                    **cleared,
+                    "reason_code": "cancelled",
+                    "reason_message": "cancelled while running",
+                },
             )
         return done
 
@@ -410,9 +460,13 @@ def expire_leases(engine: Engine) -> list[int]:
     now = utcnow()
     changed: list[int] = []
     with write_session(engine) as session:
-        stale = session.exec(
-            select(Job).where(col(Job.status).in_(ACTIVE), col(Job.lease_expires_at) < now)  # type: ignore[call-overload]
-        ).scalars().all()
+        stale = (
+            session.exec(
+                select(Job).where(col(Job.status).in_(ACTIVE), col(Job.lease_expires_at) < now)
+            )
+            .scalars()
+            .all()
+        )
         for job in stale:
             common: dict[str, Any] = {
                 "reason_code": "worker_lost",

@@ -50,9 +50,13 @@ def add_worker(engine: Engine) -> Callable[..., Worker]:
 
     def add(worker_id: str = "w1", slots: int = 2, accelerator: str = "cpu", **kw: Any) -> Worker:
         worker = Worker(
-            id=worker_id, hostname="test", pid=1, accelerator=accelerator,
+            id=worker_id,
+            hostname="test",
+            pid=1,
+            accelerator=accelerator,
             devices=[{"index": i, "kind": accelerator, "name": f"slot {i}"} for i in range(slots)],
-            recipes=described, **kw,
+            recipes=described,
+            **kw,
         )
         register_worker(engine, worker)
         return worker

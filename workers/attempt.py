@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,21 +47,42 @@ class Attempt:
 
     @classmethod
     def start(
-        cls, job: Job, devices: list[int], *, accelerator: str, threads: int, env: dict[str, str],
+        cls,
+        job: Job,
+        devices: list[int],
+        *,
+        accelerator: str,
+        threads: int,
+        env: dict[str, str],
         cwd: Path | None = None,
     ) -> Attempt:
         """Start ``python -m workers.runner`` for the job's attempt."""
         cmd = [
-            sys.executable, "-m", "workers.runner", "--job-id", str(job.id),
-            "--attempt", str(job.attempt), "--lease-token", str(job.lease_token),
-            "--accelerator", accelerator, "--threads", str(threads),
+            sys.executable,
+            "-m",
+            "workers.runner",
+            "--job-id",
+            str(job.id),
+            "--attempt",
+            str(job.attempt),
+            "--lease-token",
+            str(job.lease_token),
+            "--accelerator",
+            accelerator,
+            "--threads",
+            str(threads),
         ]
         env = {**env, "PYTHONUNBUFFERED": "1"}  # lines reach the logs as printed, even on a crash
         if accelerator == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True,
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
         )
         return cls(job, devices, proc)
 
@@ -116,10 +138,8 @@ class Attempt:
             self.signal(signal.SIGKILL)
 
     def signal(self, sig: signal.Signals) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, sig)
-        except ProcessLookupError:
-            pass
 
     def alive(self) -> bool:
         """Whether any process of the attempt's group is still running (zombies aside)."""

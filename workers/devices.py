@@ -15,8 +15,12 @@ def detect(cpu_slots: int | None = None) -> tuple[str, list[dict[str, Any]]]:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             devices.append(
-                {"index": i, "kind": "cuda", "name": props.name,
-                 "memory_mb": props.total_memory // 2**20}
+                {
+                    "index": i,
+                    "kind": "cuda",
+                    "name": props.name,
+                    "memory_mb": props.total_memory // 2**20,
+                }
             )
         return "cuda", devices
     slots = cpu_slots or os.cpu_count() or 1

@@ -26,7 +26,9 @@ class DbReporter:
     database cannot slow a training step; only the latest progress of a batch is written.
     """
 
-    def __init__(self, engine: Engine, fence: Fence, *, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(
+        self, engine: Engine, fence: Fence, *, flush_interval_s: float = FLUSH_INTERVAL_S
+    ) -> None:
         self.engine = engine
         self.fence = fence
         self.flush_interval_s = flush_interval_s

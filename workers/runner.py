@@ -43,7 +43,13 @@ def outcome_path(data_dir: Path, job_id: int, attempt: int) -> Path:
 
 
 def resolve(
-    job: Job, recipe: Recipe, *, accelerator: str, threads: int, settings: Settings, attempt: int = 1
+    job: Job,
+    recipe: Recipe,
+    *,
+    accelerator: str,
+    threads: int,
+    settings: Settings,
+    attempt: int = 1,
 ) -> RunSpec:
     """Turn 'auto' into concrete choices for this worker and check the recipe params."""
     assert job.id is not None
@@ -58,11 +64,22 @@ def resolve(
     except pydantic.ValidationError as exc:
         raise NotRetryable("bad_params", f"recipe {recipe.name} rejected params: {exc}") from exc
     return RunSpec(
-        job_id=job.id, recipe=job.recipe, params=params, strategy=strategy, accelerator=acc,
-        devices=job.devices, epochs=job.epochs, batch_size=job.batch_size, lr=job.lr,
-        optimizer=str(job.optimizer), seed=job.seed, precision=str(job.precision),
-        checkpoint_every=job.checkpoint_every, job_dir=str(job_dir(settings.data_dir, job.id)),
-        recipes_dir=str(settings.recipes_dir) if settings.recipes_dir else None, threads=threads,
+        job_id=job.id,
+        recipe=job.recipe,
+        params=params,
+        strategy=strategy,
+        accelerator=acc,
+        devices=job.devices,
+        epochs=job.epochs,
+        batch_size=job.batch_size,
+        lr=job.lr,
+        optimizer=str(job.optimizer),
+        seed=job.seed,
+        precision=str(job.precision),
+        checkpoint_every=job.checkpoint_every,
+        job_dir=str(job_dir(settings.data_dir, job.id)),
+        recipes_dir=str(settings.recipes_dir) if settings.recipes_dir else None,
+        threads=threads,
         attempt=attempt,
     )
 
@@ -108,13 +125,23 @@ def main(argv: list[str] | None = None) -> int:
             raise NotRetryable("unknown_recipe", f"this worker has no recipe {job.recipe!r}")
         recipe = recipes[job.recipe]
         spec = resolve(
-            job, recipe, accelerator=args.accelerator, threads=args.threads,
-            settings=settings, attempt=args.attempt,
+            job,
+            recipe,
+            accelerator=args.accelerator,
+            threads=args.threads,
+            settings=settings,
+            attempt=args.attempt,
         )
         write_spec(spec, recipe, args.attempt)
         if spec.strategy != "ddp":
             prefix_stdio("[rank 0] ", args.job_id)
-        log.info("attempt %d: %s on %d %s device(s)", args.attempt, spec.strategy, spec.devices, spec.accelerator)
+        log.info(
+            "attempt %d: %s on %d %s device(s)",
+            args.attempt,
+            spec.strategy,
+            spec.devices,
+            spec.accelerator,
+        )
         result = strategies.run(spec, reporter)
     except BaseException as exc:
         reporter.close()
@@ -122,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         # The traceback goes to the job's log too: the last lines before a crash matter most.
         log.error(
             "attempt %d failed: %s: %s\n%s",
-            args.attempt, error["type"], error["message"], "\n".join(error["traceback"]),
+            args.attempt,
+            error["type"],
+            error["message"],
+            "\n".join(error["traceback"]),
         )
         _write_outcome(out, {"ok": False, "error": error})
         return 1

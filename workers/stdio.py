@@ -36,8 +36,8 @@ class LinePrefixer(io.TextIOBase):
 
 def prefix_stdio(prefix: str, job_id: int) -> None:
     """Route this process's stdout/stderr and logging through a line prefixer."""
-    sys.stdout = LinePrefixer(sys.__stdout__ or sys.stdout, prefix)  # type: ignore[assignment]
-    sys.stderr = LinePrefixer(sys.__stderr__ or sys.stderr, prefix)  # type: ignore[assignment]
+    sys.stdout = LinePrefixer(sys.__stdout__ or sys.stdout, prefix)
+    sys.stderr = LinePrefixer(sys.__stderr__ or sys.stderr, prefix)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

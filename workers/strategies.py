@@ -42,7 +42,11 @@ def _run_ddp(spec: RunSpec, sink: Sink) -> dict[str, float]:
     # The runner hosts the rendezvous store on a port the OS picks (port 0): no fixed
     # port, and no window between "find a free port" and "bind it" for a race.
     store = dist.TCPStore(
-        "127.0.0.1", 0, spec.world_size + 1, is_master=True, wait_for_workers=False,
+        "127.0.0.1",
+        0,
+        spec.world_size + 1,
+        is_master=True,
+        wait_for_workers=False,
         timeout=timedelta(seconds=INIT_TIMEOUT_S),
     )
     ctx = mp.get_context("spawn")
@@ -94,11 +98,17 @@ def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
     if cuda:
         torch.cuda.set_device(device)
     store = dist.TCPStore(
-        "127.0.0.1", port, spec.world_size + 1, is_master=False,
+        "127.0.0.1",
+        port,
+        spec.world_size + 1,
+        is_master=False,
         timeout=timedelta(seconds=INIT_TIMEOUT_S),
     )
     dist.init_process_group(
-        "nccl" if cuda else "gloo", store=store, rank=rank, world_size=spec.world_size,
+        "nccl" if cuda else "gloo",
+        store=store,
+        rank=rank,
+        world_size=spec.world_size,
         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     log.info("rank %d of %d joined the %s group", rank, spec.world_size, dist.get_backend())
@@ -113,7 +123,9 @@ def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
         dist.barrier()
         clean = True
     except BaseException as exc:
-        error_path = Path(spec.job_dir) / ".runner" / f"attempt-{spec.attempt}-rank-{rank}-error.json"
+        error_path = (
+            Path(spec.job_dir) / ".runner" / f"attempt-{spec.attempt}-rank-{rank}-error.json"
+        )
         error_path.parent.mkdir(parents=True, exist_ok=True)
         error_path.write_text(json.dumps(describe(exc, rank)))
         raise

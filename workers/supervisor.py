@@ -70,7 +70,10 @@ class Supervisor:
         self._register()
         log.info(
             "worker %s: %d %s device(s), recipes %s",
-            self.worker_id, len(self.devices), self.accelerator, ", ".join(sorted(self.recipes)),
+            self.worker_id,
+            len(self.devices),
+            self.accelerator,
+            ", ".join(sorted(self.recipes)),
         )
         next_heartbeat = 0.0
         try:
@@ -115,8 +118,11 @@ class Supervisor:
         catalog.register_worker(
             self.engine,
             Worker(
-                id=self.worker_id, hostname=platform.node(), pid=os.getpid(),
-                accelerator=self.accelerator, devices=self.devices,
+                id=self.worker_id,
+                hostname=platform.node(),
+                pid=os.getpid(),
+                accelerator=self.accelerator,
+                devices=self.devices,
                 recipes=[r.describe() for r in self.recipes.values()],
             ),
         )
@@ -147,8 +153,12 @@ class Supervisor:
     def _claim(self) -> bool:
         free = self._free_devices()
         job = store.claim_job(
-            self.engine, worker_id=self.worker_id, free_devices=len(free),
-            accelerator=self.accelerator, recipes=sorted(self.recipes), lease_s=self.lease_s,
+            self.engine,
+            worker_id=self.worker_id,
+            free_devices=len(free),
+            accelerator=self.accelerator,
+            recipes=sorted(self.recipes),
+            lease_s=self.lease_s,
         )
         if job is None:
             return False
@@ -170,10 +180,15 @@ class Supervisor:
         return True
 
     def _pending(self) -> bool:
-        return store.pending_count(
-            self.engine, max_devices=len(self.devices), accelerator=self.accelerator,
-            recipes=sorted(self.recipes),
-        ) > 0
+        return (
+            store.pending_count(
+                self.engine,
+                max_devices=len(self.devices),
+                accelerator=self.accelerator,
+                recipes=sorted(self.recipes),
+            )
+            > 0
+        )
 
     def _free_devices(self) -> list[int]:
         busy = {d for a in self.attempts.values() for d in a.devices}
@@ -203,12 +218,16 @@ class Supervisor:
         self._write_lines(attempt)
         if attempt.stop_reason == "shutdown":
             store.release_attempt(
-                self.engine, attempt.fence, "worker_shutdown",
+                self.engine,
+                attempt.fence,
+                "worker_shutdown",
                 f"worker {self.worker_id} shut down; the job waits for a worker",
             )
         else:
             store.finish_attempt(self.engine, attempt.fence, outcome)
-        log.info("job %s: attempt %d %s", attempt.job_id, attempt.fence.attempt, outcome.reason_message)
+        log.info(
+            "job %s: attempt %d %s", attempt.job_id, attempt.fence.attempt, outcome.reason_message
+        )
 
     def _outcome(self, attempt: Attempt) -> Outcome:
         if attempt.stop_reason == "cancel":
@@ -224,7 +243,11 @@ class Supervisor:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             code = attempt.proc.returncode
-            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            how = (
+                f"killed by {signal.Signals(-code).name}"
+                if code < 0
+                else f"exited with code {code}"
+            )
             return Outcome(
                 JobStatus.failed, "runner_died", f"runner {how} before reporting", retryable=True
             )
@@ -232,8 +255,11 @@ class Supervisor:
             return Outcome(JobStatus.succeeded, "succeeded", "trained", result=record["result"])
         error = record["error"]
         return Outcome(
-            JobStatus.failed, error["code"], f"{error['type']}: {error['message']}"[:2000],
-            error=error, retryable=error["retryable"],
+            JobStatus.failed,
+            error["code"],
+            f"{error['type']}: {error['message']}"[:2000],
+            error=error,
+            retryable=error["retryable"],
         )
 
     def _shutdown(self) -> None:

@@ -75,7 +75,9 @@ class RunSpec:
         return Path(self.job_dir) / "checkpoints"
 
 
-def train(rank: int, spec: RunSpec, recipe: Recipe, device: torch.device, sink: Sink | None) -> dict[str, float]:
+def train(
+    rank: int, spec: RunSpec, recipe: Recipe, device: torch.device, sink: Sink | None
+) -> dict[str, float]:
     """Train (or resume) the job on this rank; returns the final metrics on rank 0."""
     world = spec.world_size
     distributed = spec.strategy == "ddp"
@@ -124,21 +126,29 @@ def train(rank: int, spec: RunSpec, recipe: Recipe, device: torch.device, sink: 
             seen += len(x)
             if reporter is not None:
                 reporter.step(epoch + 1, step, loss)
-        totals = torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=device)])
+        totals = torch.stack(
+            [loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=device)]
+        )
         if distributed:
             dist.all_reduce(totals)  # the epoch's loss over every rank's samples
         if rank == 0:
-            result = _end_of_epoch(spec, recipe, model, optimizer, val_set, device, epoch, step, totals)
+            result = _end_of_epoch(
+                spec, recipe, model, optimizer, val_set, device, epoch, step, totals
+            )
             assert reporter is not None
             reporter.epoch(epoch + 1, step, result)
     if rank == 0:
-        _atomic_save(lambda p: save_file(_cpu_state(model), str(p)), Path(spec.job_dir) / MODEL_FILE)
+        _atomic_save(
+            lambda p: save_file(_cpu_state(model), str(p)), Path(spec.job_dir) / MODEL_FILE
+        )
         if not result:  # resumed after the last epoch's checkpoint: report what it holds
             result = {"val/loss": evaluate(recipe, model, val_set, device)["val/loss"]}
     return result
 
 
-def evaluate(recipe: Recipe, model: nn.Module, val_set: Any, device: torch.device) -> dict[str, float]:
+def evaluate(
+    recipe: Recipe, model: nn.Module, val_set: Any, device: torch.device
+) -> dict[str, float]:
     """Validation loss (and recipe metrics), per-sample means over the whole set, in fp32."""
     model.eval()
     totals: dict[str, float] = {}
@@ -158,11 +168,21 @@ def evaluate(recipe: Recipe, model: nn.Module, val_set: Any, device: torch.devic
 
 
 def _end_of_epoch(
-    spec: RunSpec, recipe: Recipe, model: nn.Module, optimizer: torch.optim.Optimizer,
-    val_set: Any, device: torch.device, epoch: int, step: int, totals: torch.Tensor,
+    spec: RunSpec,
+    recipe: Recipe,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    val_set: Any,
+    device: torch.device,
+    epoch: int,
+    step: int,
+    totals: torch.Tensor,
 ) -> dict[str, float]:
     total, count = totals.tolist()
-    metrics = {"train/epoch_loss": total / max(count, 1), "train/lr": optimizer.param_groups[0]["lr"]}
+    metrics = {
+        "train/epoch_loss": total / max(count, 1),
+        "train/lr": optimizer.param_groups[0]["lr"],
+    }
     metrics.update(evaluate(recipe, model, val_set, device))
     done = epoch + 1
     if done % spec.checkpoint_every == 0 or done == spec.epochs:
@@ -271,15 +291,22 @@ class _Reporter:
         self._send(
             "progress",
             {
-                "epoch": epoch, "epochs": self.spec.epochs, "step": step,
-                "total_steps": self.total_steps, "loss": self.loss,
-                "samples_per_s": _finite(self.samples_per_s), "eta_s": _finite(eta),
+                "epoch": epoch,
+                "epochs": self.spec.epochs,
+                "step": step,
+                "total_steps": self.total_steps,
+                "loss": self.loss,
+                "samples_per_s": _finite(self.samples_per_s),
+                "eta_s": _finite(eta),
             },
         )
 
     def _metric(self, name: str, step: int, epoch: int, value: float) -> None:
         if math.isfinite(value):
-            self._send("metric", {"name": name, "step": step, "epoch": epoch, "value": value, "time": time.time()})
+            self._send(
+                "metric",
+                {"name": name, "step": step, "epoch": epoch, "value": value, "time": time.time()},
+            )
 
 
 def _finite(x: float | None) -> float | None:

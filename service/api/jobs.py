@@ -121,7 +121,9 @@ def get_logs(
 
 
 @router.get("/{job_id}/artifacts", summary="List a job's artifacts")
-def get_artifacts(job_id: int, session: SessionDep, settings: SettingsDep) -> list[dict[str, object]]:
+def get_artifacts(
+    job_id: int, session: SessionDep, settings: SettingsDep
+) -> list[dict[str, object]]:
     """Final model (model.safetensors), resolved spec (spec.json) and checkpoints."""
     store.get_job(session, job_id)
     return list_artifacts(settings.data_dir, job_id)
@@ -132,7 +134,9 @@ def get_artifacts(job_id: int, session: SessionDep, settings: SettingsDep) -> li
     summary="Download an artifact",
     response_class=FileResponse,
 )
-def download_artifact(job_id: int, name: str, session: SessionDep, settings: SettingsDep) -> FileResponse:
+def download_artifact(
+    job_id: int, name: str, session: SessionDep, settings: SettingsDep
+) -> FileResponse:
     """The artifact's bytes."""
     store.get_job(session, job_id)
     path = artifact_path(settings.data_dir, job_id, name)

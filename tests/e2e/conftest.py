@@ -29,7 +29,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.05) -> T:
+def wait_for(
+    check: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.05
+) -> T:
     """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -57,8 +59,11 @@ class Stack:
         log = open(self.tmp / f"{log_name}.log", "wb")  # noqa: SIM115 (closed at teardown)
         self.logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", *args], env=self.env, cwd=REPO,
-            stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "service.cli", *args],
+            env=self.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         self.procs.append(proc)
         return proc
@@ -66,8 +71,11 @@ class Stack:
     def start_worker(self, worker_id: str = "e2e") -> subprocess.Popen[bytes]:
         proc = self.start("worker", "--worker-id", worker_id, log_name=f"worker-{worker_id}")
         wait_for(
-            lambda: any(w["id"] == worker_id and w["alive"] for w in self.http.get("/workers").json()),
-            60, f"worker {worker_id} to register",
+            lambda: any(
+                w["id"] == worker_id and w["alive"] for w in self.http.get("/workers").json()
+            ),
+            60,
+            f"worker {worker_id} to register",
         )
         return proc
 
@@ -79,9 +87,12 @@ class Stack:
         assert r.status_code == 201, r.text
         return r.json()  # type: ignore[no-any-return]
 
-    def wait_status(self, job_id: int, statuses: set[str], timeout_s: float = 120) -> dict[str, Any]:
+    def wait_status(
+        self, job_id: int, statuses: set[str], timeout_s: float = 120
+    ) -> dict[str, Any]:
         return wait_for(
-            lambda: (j := self.job(job_id))["status"] in statuses and j, timeout_s,
+            lambda: (j := self.job(job_id))["status"] in statuses and j,
+            timeout_s,
             f"job {job_id} to reach {statuses}",
         )
 

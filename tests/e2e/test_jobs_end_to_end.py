@@ -20,14 +20,29 @@ pytestmark = pytest.mark.slow
 def test_ddp_job_runs_reports_and_produces_a_loadable_model(stack: Stack) -> None:
     stack.start_worker()
     params = {"train_samples": 16384, "hidden": 32}
-    job = stack.submit(recipe="mlp-regression", strategy="ddp", devices=2, accelerator="cpu",
-                       epochs=4, params=params)
+    job = stack.submit(
+        recipe="mlp-regression",
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+        epochs=4,
+        params=params,
+    )
     live = wait_for(
         lambda: (j := stack.job(job["id"]))["status"] == "running" and j["progress"] and j,
-        60, "live progress",
+        60,
+        "live progress",
     )
     assert live["assigned_devices"] == [0, 1] and live["worker_id"] == "e2e"
-    assert set(live["progress"]) == {"epoch", "epochs", "step", "total_steps", "loss", "samples_per_s", "eta_s"}
+    assert set(live["progress"]) == {
+        "epoch",
+        "epochs",
+        "step",
+        "total_steps",
+        "loss",
+        "samples_per_s",
+        "eta_s",
+    }
     assert live["progress"]["total_steps"] == 4 * 16384 // 64
     done = stack.wait_status(job["id"], {"succeeded", "failed"})
     assert done["status"] == "succeeded", done
@@ -35,19 +50,31 @@ def test_ddp_job_runs_reports_and_produces_a_loadable_model(stack: Stack) -> Non
 
     metrics = stack.http.get(f"/jobs/{job['id']}/metrics").json()
     names = {m["name"] for m in metrics}
-    assert {"train/loss", "train/epoch_loss", "val/loss", "train/samples_per_s", "train/lr"} <= names
+    assert {
+        "train/loss",
+        "train/epoch_loss",
+        "val/loss",
+        "train/samples_per_s",
+        "train/lr",
+    } <= names
     val = [m for m in metrics if m["name"] == "val/loss"]
     assert [m["epoch"] for m in val] == [1, 2, 3, 4]
     assert val[-1]["value"] < val[0]["value"]  # it learned
 
     texts = [line["text"] for line in stack.http.get(f"/jobs/{job['id']}/logs").json()]
-    assert any(t.startswith("[rank 0] ") for t in texts) and any(t.startswith("[rank 1] ") for t in texts)
+    assert any(t.startswith("[rank 0] ") for t in texts) and any(
+        t.startswith("[rank 1] ") for t in texts
+    )
     assert any("attempt 1 started on e2e" in t for t in texts)
 
     names = [a["name"] for a in stack.http.get(f"/jobs/{job['id']}/artifacts").json()]
     assert "model.safetensors" in names and "spec.json" in names
     spec = stack.http.get(f"/jobs/{job['id']}/artifacts/spec.json").json()
-    assert spec["strategy"] == "ddp" and spec["params"]["hidden"] == 32 and len(spec["recipe_source_hash"]) == 64
+    assert (
+        spec["strategy"] == "ddp"
+        and spec["params"]["hidden"] == 32
+        and len(spec["recipe_source_hash"]) == 64
+    )
     blob = stack.http.get(f"/jobs/{job['id']}/artifacts/model.safetensors").content
     recipe = load_recipes()["mlp-regression"]
     p = recipe.params.model_validate(params)
@@ -67,8 +94,14 @@ def _runner_pgid(stack: Stack, job_id: int) -> int:
 
 def test_cancel_running_ddp_job_stops_every_process(stack: Stack) -> None:
     stack.start_worker()
-    job = stack.submit(recipe="mlp-regression", strategy="ddp", devices=2, accelerator="cpu",
-                       epochs=1000, params={"train_samples": 16384})
+    job = stack.submit(
+        recipe="mlp-regression",
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+        epochs=1000,
+        params={"train_samples": 16384},
+    )
     wait_for(lambda: stack.job(job["id"])["progress"], 60, "training to start")
     pgid = _runner_pgid(stack, job["id"])
     assert len(group_members(pgid)) >= 3  # runner + two ranks

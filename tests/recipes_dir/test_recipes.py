@@ -29,8 +29,9 @@ def _model(p: TinyParams) -> nn.Module:
 
 def _data(p: TinyParams, seed: int) -> tuple[TensorDataset, TensorDataset]:
     if p.fail:
-        print(f"about to fail in pid {os.getpid()}", flush=True)
-        print("last words on stderr", file=sys.stderr, flush=True)
+        # a recipe's own output must reach the job's log, crash or not
+        print(f"about to fail in pid {os.getpid()}", flush=True)  # noqa: T201
+        print("last words on stderr", file=sys.stderr, flush=True)  # noqa: T201
         raise RuntimeError("tiny recipe failed on purpose")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(p.samples, 4, generator=g)
@@ -39,7 +40,7 @@ def _data(p: TinyParams, seed: int) -> tuple[TensorDataset, TensorDataset]:
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # sleep_per_step_s is read from the model's width-free global set by the data builder
+    # the loss has no params argument: _slow_data leaves sleep_per_step_s for it here
     if _SLOW[0]:
         time.sleep(_SLOW[0])
     return nn.functional.mse_loss(out, y)

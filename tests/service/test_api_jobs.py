@@ -12,7 +12,13 @@ from service import store
 from service.models import JobStatus
 from service.store import Fence, Outcome
 
-SPEC = {"recipe": "mlp-regression", "strategy": "ddp", "devices": 2, "accelerator": "cpu", "epochs": 5}
+SPEC = {
+    "recipe": "mlp-regression",
+    "strategy": "ddp",
+    "devices": 2,
+    "accelerator": "cpu",
+    "epochs": 5,
+}
 
 
 def submit(client: TestClient, **overrides: Any) -> dict[str, Any]:
@@ -40,7 +46,9 @@ def test_no_worker_yet_job_waits_with_reason(client: TestClient) -> None:
     assert job["reason"]["code"] == "no_worker"
 
 
-def test_list_newest_first_with_filter_and_paging(client: TestClient, add_worker: Any, engine: Engine) -> None:
+def test_list_newest_first_with_filter_and_paging(
+    client: TestClient, add_worker: Any, engine: Engine
+) -> None:
     add_worker()
     ids = [submit(client)["id"] for _ in range(3)]
     store.cancel_job(engine, ids[0])
@@ -65,8 +73,12 @@ def test_idempotency_key_returns_the_same_job(client: TestClient, add_worker: An
 
 
 def test_unknown_job_is_404(client: TestClient) -> None:
-    for path in ("/api/v1/jobs/999", "/api/v1/jobs/999/metrics", "/api/v1/jobs/999/logs",
-                 "/api/v1/jobs/999/artifacts"):
+    for path in (
+        "/api/v1/jobs/999",
+        "/api/v1/jobs/999/metrics",
+        "/api/v1/jobs/999/logs",
+        "/api/v1/jobs/999/artifacts",
+    ):
         r = client.get(path)
         assert r.status_code == 404 and "999" in r.json()["detail"]
     assert client.post("/api/v1/jobs/999/cancel").status_code == 404
@@ -83,14 +95,20 @@ def test_cancel_queued_is_immediate_and_idempotent(client: TestClient, add_worke
 
 def _claim(engine: Engine) -> Fence:
     job = store.claim_job(
-        engine, worker_id="w1", free_devices=2, accelerator="cpu",
-        recipes=["mlp-regression"], lease_s=30,
+        engine,
+        worker_id="w1",
+        free_devices=2,
+        accelerator="cpu",
+        recipes=["mlp-regression"],
+        lease_s=30,
     )
     assert job is not None and job.id is not None and job.lease_token is not None
     return Fence(job.id, job.attempt, job.lease_token)
 
 
-def test_cancel_running_becomes_cancelling(client: TestClient, add_worker: Any, engine: Engine) -> None:
+def test_cancel_running_becomes_cancelling(
+    client: TestClient, add_worker: Any, engine: Engine
+) -> None:
     add_worker()
     job = submit(client)
     _claim(engine)
@@ -108,11 +126,16 @@ def test_cancel_finished_is_409(client: TestClient, add_worker: Any, engine: Eng
     assert r.status_code == 409 and "succeeded" in r.json()["detail"]
 
 
-def test_metrics_and_logs_read_back_in_order(client: TestClient, add_worker: Any, engine: Engine) -> None:
+def test_metrics_and_logs_read_back_in_order(
+    client: TestClient, add_worker: Any, engine: Engine
+) -> None:
     add_worker()
     job = submit(client)
     fence = _claim(engine)
-    points = [{"name": "train/loss", "step": s, "epoch": 1, "value": 1.0 / s, "time": 0.0} for s in (10, 20, 30)]
+    points = [
+        {"name": "train/loss", "step": s, "epoch": 1, "value": 1.0 / s, "time": 0.0}
+        for s in (10, 20, 30)
+    ]
     assert store.report(engine, fence, progress={"epoch": 1}, metrics=points)
     assert store.report(engine, fence, metrics=points[:1])  # a resumed run re-sends a step
     assert store.append_logs(engine, fence, [(0.0, "stdout", "one"), (0.0, "stderr", "two")])
@@ -123,12 +146,19 @@ def test_metrics_and_logs_read_back_in_order(client: TestClient, add_worker: Any
     assert [m["step"] for m in after] == [20, 30]
     logs = client.get(f"/api/v1/jobs/{job['id']}/logs").json()
     assert [(x["seq"], x["stream"], x["text"]) for x in logs] == [
-        (1, "stdout", "one"), (2, "stderr", "two"), (3, "stdout", "three")
+        (1, "stdout", "one"),
+        (2, "stderr", "two"),
+        (3, "stdout", "three"),
     ]
-    assert [x["text"] for x in client.get(f"/api/v1/jobs/{job['id']}/logs", params={"after_seq": 2}).json()] == ["three"]
+    assert [
+        x["text"]
+        for x in client.get(f"/api/v1/jobs/{job['id']}/logs", params={"after_seq": 2}).json()
+    ] == ["three"]
 
 
-def test_artifacts_list_download_and_no_escape(client: TestClient, settings: Any, add_worker: Any) -> None:
+def test_artifacts_list_download_and_no_escape(
+    client: TestClient, settings: Any, add_worker: Any
+) -> None:
     add_worker()
     job = submit(client)
     folder = settings.data_dir / "jobs" / str(job["id"])
@@ -189,7 +219,9 @@ def test_missing_recipe_and_non_json_body(client: TestClient, add_worker: Any) -
     add_worker()
     r = client.post("/api/v1/jobs", json={"epochs": 1})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "recipe"]
-    r = client.post("/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    r = client.post(
+        "/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
     r = client.post("/api/v1/jobs", content=b"[1, 2]", headers={"content-type": "application/json"})
     assert r.status_code == 422

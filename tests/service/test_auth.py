@@ -26,8 +26,13 @@ ROUTES = [
 def test_every_api_route_needs_the_token(settings: Settings, engine: Engine) -> None:
     app = create_app(settings.model_copy(update={"api_token": "s3cret"}), engine)
     with TestClient(app) as client:
-        api_paths = {p for p in client.get("/openapi.json").json()["paths"] if p.startswith("/api/v1")}
-        assert api_paths == {p.replace("/jobs/1", "/jobs/{job_id}").replace("model.safetensors", "{name}") for _, p in ROUTES}
+        api_paths = {
+            p for p in client.get("/openapi.json").json()["paths"] if p.startswith("/api/v1")
+        }
+        assert api_paths == {
+            p.replace("/jobs/1", "/jobs/{job_id}").replace("model.safetensors", "{name}")
+            for _, p in ROUTES
+        }
         for method, path in ROUTES:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
                 r = client.request(method, path, headers=headers)

@@ -20,4 +20,6 @@ def test_migrated_sqlite_is_in_wal_mode(engine: Engine) -> None:
     with engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
-    assert {"job", "metric", "log_line", "worker", "alembic_version"} <= set(inspect(engine).get_table_names())
+    assert {"job", "metric", "log_line", "worker", "alembic_version"} <= set(
+        inspect(engine).get_table_names()
+    )

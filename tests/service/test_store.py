@@ -12,7 +12,13 @@ from service.db import make_engine, write_session
 from service.models import Job, JobCreate, JobStatus
 from service.store import Fence, Outcome
 
-CLAIM = {"worker_id": "w", "free_devices": 2, "accelerator": "cpu", "recipes": ["r"], "lease_s": 30.0}
+CLAIM = {
+    "worker_id": "w",
+    "free_devices": 2,
+    "accelerator": "cpu",
+    "recipes": ["r"],
+    "lease_s": 30.0,
+}
 
 
 def enqueue(engine: Engine, **spec: Any) -> int:
@@ -105,7 +111,9 @@ def test_not_retryable_failure_fails_at_once(engine: Engine) -> None:
     enqueue(engine, max_attempts=5)
     fence = claim(engine)
     assert fence is not None
-    done = store.finish_attempt(engine, fence, Outcome(JobStatus.failed, "bad_params", "no", retryable=False))
+    done = store.finish_attempt(
+        engine, fence, Outcome(JobStatus.failed, "bad_params", "no", retryable=False)
+    )
     assert done is not None and done.status == JobStatus.failed and done.reason_code == "bad_params"
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from workers.recipes import load_recipes
 
-RECIPE = '''
+RECIPE = """
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
@@ -27,7 +27,7 @@ def data(p, seed):
 echo = Recipe(name="echo", summary="Learn the identity.", params=P,
               build_model=lambda p: nn.Linear(2, 2), build_datasets=data,
               loss=nn.functional.mse_loss)
-'''
+"""
 
 
 def test_builtins_are_always_there() -> None:

@@ -19,9 +19,19 @@ pytestmark = pytest.mark.slow
 
 def spec_for(tmp_path: Path, strategy: str, devices: int, **kw: object) -> RunSpec:
     base = RunSpec(
-        job_id=1, recipe="mlp-classifier", params={"train_samples": 512, "val_samples": 128},
-        strategy=strategy, accelerator="cpu", devices=devices, epochs=3, batch_size=32,
-        lr=0.01, optimizer="adamw", seed=7, precision="fp32", checkpoint_every=1,
+        job_id=1,
+        recipe="mlp-classifier",
+        params={"train_samples": 512, "val_samples": 128},
+        strategy=strategy,
+        accelerator="cpu",
+        devices=devices,
+        epochs=3,
+        batch_size=32,
+        lr=0.01,
+        optimizer="adamw",
+        seed=7,
+        precision="fp32",
+        checkpoint_every=1,
         job_dir=str(tmp_path / f"{strategy}{devices}"),
     )
     return replace(base, **kw)  # type: ignore[arg-type]
@@ -58,7 +68,9 @@ def test_saved_model_reproduces_the_reported_val_loss(tmp_path: Path) -> None:
     model = recipe.build_model(params)
     model.load_state_dict(load_file(Path(spec.job_dir) / MODEL_FILE))
     _, val = recipe.build_datasets(params, spec.seed)
-    assert evaluate(recipe, model, val, torch.device("cpu"))["val/loss"] == pytest.approx(result["val/loss"], rel=1e-6)
+    assert evaluate(recipe, model, val, torch.device("cpu"))["val/loss"] == pytest.approx(
+        result["val/loss"], rel=1e-6
+    )
 
 
 def test_resume_from_checkpoint_ends_with_the_same_weights(tmp_path: Path) -> None:
