@@ -49,3 +49,32 @@ def test_a_recipe_file_in_the_directory_is_loaded(tmp_path: Path) -> None:
     before = echo.source_hash()
     (tmp_path / "echo.py").write_text(RECIPE + "\n# changed\n")
     assert load_recipes(tmp_path)["echo"].source_hash() != before
+
+
+def test_the_readme_example_recipe_trains(tmp_path: Path) -> None:
+    import queue
+
+    from workers import strategies
+    from workers.training import RunSpec
+
+    recipes_dir = Path(__file__).resolve().parents[2] / "recipes"
+    assert "cubic" in load_recipes(recipes_dir)
+    spec = RunSpec(
+        job_id=1,
+        recipe="cubic",
+        params={"samples": 1024},
+        strategy="single",
+        accelerator="cpu",
+        devices=1,
+        epochs=30,
+        batch_size=32,
+        lr=0.01,
+        optimizer="adamw",
+        seed=0,
+        precision="fp32",
+        checkpoint_every=30,
+        job_dir=str(tmp_path),
+        recipes_dir=str(recipes_dir),
+    )
+    result = strategies.run(spec, queue.SimpleQueue())
+    assert result["val/loss"] < 0.1 and "val/max_abs_error" in result

@@ -1,0 +1,21 @@
+"""The API process stays light: it never imports torch or the workers package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+CHECK = """
+import sys
+from service.app import create_app
+from service.settings import Settings
+import service.cli
+app = create_app(Settings(database_url="sqlite://"))
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "workers", "numpy"))
+assert not heavy, heavy
+"""
+
+
+def test_api_never_imports_torch_or_workers() -> None:
+    result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
