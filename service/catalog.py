@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 import jsonschema
 from sqlalchemy import Engine, select, update
 from sqlmodel import Session, col
@@ -142,9 +139,3 @@ def _check_shape(spec: JobCreate) -> None:
         )
     if spec.strategy == Strategy.single and spec.devices != 1:
         raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")
-
-
-def stale_workers(session: Session, older_than_s: float) -> list[Any]:
-    """Workers not heard from in ``older_than_s`` seconds."""
-    cutoff = utcnow() - timedelta(seconds=older_than_s)
-    return list(session.exec(select(Worker).where(Worker.heartbeat_at < cutoff)).scalars())

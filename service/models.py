@@ -39,13 +39,6 @@ class JobStatus(StrEnum):
     failed = "failed"  # ended by an error, with no attempt left or none worth making
     cancelled = "cancelled"  # stopped on request
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
-
-TERMINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-
 
 class Strategy(StrEnum):
     auto = "auto"  # ddp when devices > 1, else single

@@ -21,7 +21,6 @@ from sqlmodel import Session, col
 from service.db import is_sqlite, read_session, write_session
 from service.errors import IdempotencyConflict, InvalidTransition, JobNotFound
 from service.models import (
-    TERMINAL_STATUSES,
     Accelerator,
     Job,
     JobCreate,
@@ -492,11 +491,7 @@ def _insert_ignore(engine: Engine, model: Any) -> Any:
     return dialect.insert(model.__table__).on_conflict_do_nothing()
 
 
-def read_only_job(engine: Engine, job_id: int) -> Job:
+def load_job(engine: Engine, job_id: int) -> Job:
     """Load a job outside any request (worker and runner side)."""
     with read_session(engine) as session:
         return get_job(session, job_id)
-
-
-def is_terminal(status: JobStatus) -> bool:
-    return status in TERMINAL_STATUSES

@@ -24,7 +24,7 @@ from service.artifacts import job_dir
 from service.db import make_engine
 from service.models import Job
 from service.settings import Settings
-from service.store import Fence, read_only_job
+from service.store import Fence, load_job
 from workers import strategies
 from workers.errors import NotRetryable, describe
 from workers.recipes import Recipe, load_recipes
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = make_engine(settings)
     reporter = DbReporter(engine, fence).start()
     try:
-        job = read_only_job(engine, args.job_id)
+        job = load_job(engine, args.job_id)
         recipes = load_recipes(settings.recipes_dir)
         if job.recipe not in recipes:
             raise NotRetryable("unknown_recipe", f"this worker has no recipe {job.recipe!r}")

@@ -45,9 +45,9 @@ def test_claim_order_priority_then_oldest_and_fit(engine: Engine) -> None:
     assert first is not None and second is not None
     assert (first.job_id, second.job_id) == (high, low)  # big does not fit, others not offered
     assert claim(engine) is None
-    assert store.read_only_job(engine, big).status == JobStatus.queued
+    assert store.load_job(engine, big).status == JobStatus.queued
     assert claim(engine, free_devices=4, accelerator="cuda").job_id == cuda_only  # type: ignore[union-attr]
-    assert store.read_only_job(engine, other_recipe_job.id).status == JobStatus.queued  # type: ignore[arg-type]
+    assert store.load_job(engine, other_recipe_job.id).status == JobStatus.queued  # type: ignore[arg-type]
 
 
 def _claimer(url: str, out: Any) -> None:
@@ -132,6 +132,6 @@ def test_expired_lease_requeues_with_worker_lost(engine: Engine) -> None:
     fence = claim(engine, lease_s=-1.0)  # already expired
     assert fence is not None
     assert store.expire_leases(engine) == [job_id]
-    job = store.read_only_job(engine, job_id)
+    job = store.load_job(engine, job_id)
     assert job.status == JobStatus.queued and job.attempt == 2 and job.reason_code == "worker_lost"
     assert not store.report(engine, fence, progress={"step": 1})  # the old owner is fenced out
