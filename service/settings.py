@@ -29,6 +29,21 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger requests get 413.")
 
+    # Worker knobs (seconds).
+    lease_s: float = Field(
+        15.0, gt=0, description="A job whose worker is silent this long goes back to the queue."
+    )
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="Lease renewal and cancel checks.")
+    kill_grace_s: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL of a job's processes.")
+    stall_timeout_s: float = Field(
+        600.0, gt=0, description="An attempt whose step does not advance this long is ended."
+    )
+    reserve_after_s: float = Field(
+        600.0,
+        ge=0,
+        description="A job queued this long reserves devices: no smaller job overtakes it.",
+    )
+
     def require_safe_bind(self) -> None:
         """Refuse to serve a non-loopback address without a token."""
         if self.api_token or _is_loopback(self.host):

@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -212,28 +212,48 @@ def claim_job(
     *,
     worker_id: str,
     free_devices: int,
+    total_devices: int | None = None,
     accelerator: str,
     recipes: list[str],
     lease_s: float,
+    reserve_after_s: float | None = None,
 ) -> Job | None:
-    """Atomically take the best queued job that fits, or None. Exactly one worker wins."""
+    """Atomically take the best queued job that fits, or None. Exactly one worker wins.
+
+    Best is highest priority, then oldest; a smaller job may overtake one that does not
+    fit yet, unless that one has waited ``reserve_after_s``: then nothing else is claimed
+    here until enough devices are free for it, so a large job cannot starve.
+    """
     if free_devices < 1 or not recipes:
         return None
     now = utcnow()
-    candidate = (
-        select(Job.id)
-        .where(
-            *_claimable(free_devices, accelerator, recipes),
-            or_(col(Job.run_after).is_(None), col(Job.run_after) <= now),
-        )
-        .order_by(col(Job.priority).desc(), col(Job.id).asc())
-        .limit(1)
-        # PostgreSQL: skip rows another worker is claiming instead of queueing behind it.
-        # SQLite ignores this; there the IMMEDIATE transaction serialises claims.
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
+    runnable = or_(col(Job.run_after).is_(None), col(Job.run_after) <= now)
+    order = (col(Job.priority).desc(), col(Job.id).asc())
     with write_session(engine) as session:
+        if reserve_after_s is not None:
+            starving = session.exec(
+                select(Job.id, Job.devices)
+                .where(
+                    *_claimable(total_devices or free_devices, accelerator, recipes),
+                    runnable,
+                    col(Job.created_at) < now - timedelta(seconds=reserve_after_s),
+                )
+                .order_by(*order)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            ).first()
+            if starving is not None and starving[1] > free_devices:
+                return None  # hold what is free for the starving job
+        candidate = (
+            select(Job.id)
+            .where(*_claimable(free_devices, accelerator, recipes), runnable)
+            .order_by(*order)
+            .limit(1)
+            # PostgreSQL: skip rows another worker is claiming instead of queueing behind
+            # it. SQLite ignores this; there the IMMEDIATE transaction serialises claims.
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
         rows = (
             session.exec(
                 update(Job)
@@ -281,22 +301,30 @@ def record_start(engine: Engine, fence: Fence, *, devices: list[int], pgid: int)
         return bool(result.rowcount == 1)
 
 
-def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int, JobStatus]:
-    """Extend the leases still held; returns job id -> status for those (lost ones are absent)."""
+class Held(NamedTuple):
+    """A lease still held, with what the worker needs to act on: cancel, stalled steps."""
+
+    status: JobStatus
+    step: int | None
+
+
+def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int, Held]:
+    """Extend the leases still held; returns job id -> Held for those (lost ones are absent)."""
     if not fences:
         return {}
     expires = utcnow() + timedelta(seconds=lease_s)
-    held: dict[int, JobStatus] = {}
+    held: dict[int, Held] = {}
     with write_session(engine) as session:
         for fence in fences:
-            status = session.exec(
+            row = session.exec(
                 update(Job)
                 .where(*_fenced(fence))
                 .values(lease_expires_at=expires)
-                .returning(Job.status)
-            ).scalar_one_or_none()
-            if status is not None:
-                held[fence.job_id] = JobStatus(status)
+                .returning(Job.status, Job.progress)
+            ).first()
+            if row is not None:
+                status, progress = row
+                held[fence.job_id] = Held(JobStatus(status), (progress or {}).get("step"))
     return held
 
 
@@ -456,20 +484,34 @@ def release_attempt(engine: Engine, fence: Fence, reason_code: str, message: str
 
 def expire_leases(engine: Engine) -> list[int]:
     """Requeue (or end) jobs whose worker stopped renewing its lease; returns their ids."""
+    return _abandon(
+        engine,
+        [col(Job.lease_expires_at) < utcnow()],
+        "worker_lost",
+        "worker {worker} stopped renewing its lease",
+    )
+
+
+def abandon_worker_jobs(engine: Engine, worker_id: str) -> list[int]:
+    """Requeue the jobs a worker held before it restarted (its processes are already killed)."""
+    return _abandon(
+        engine,
+        [Job.worker_id == worker_id],
+        "worker_restarted",
+        "worker {worker} restarted while running the job",
+    )
+
+
+def _abandon(engine: Engine, where: list[Any], code: str, message: str) -> list[int]:
+    """Active jobs matching ``where`` lose their attempt: retried if they may be, else ended."""
     now = utcnow()
     changed: list[int] = []
     with write_session(engine) as session:
-        stale = (
-            session.exec(
-                select(Job).where(col(Job.status).in_(ACTIVE), col(Job.lease_expires_at) < now)
-            )
-            .scalars()
-            .all()
-        )
-        for job in stale:
+        jobs = session.exec(select(Job).where(col(Job.status).in_(ACTIVE), *where)).scalars().all()
+        for job in jobs:
             common: dict[str, Any] = {
-                "reason_code": "worker_lost",
-                "reason_message": f"worker {job.worker_id} stopped renewing its lease",
+                "reason_code": code,
+                "reason_message": message.format(worker=job.worker_id),
                 "lease_token": None,
                 "lease_expires_at": None,
                 "runner_pgid": None,
@@ -483,6 +525,13 @@ def expire_leases(engine: Engine) -> list[int]:
             if done is not None:
                 changed.append(job.id)
     return changed
+
+
+def active_jobs_of(engine: Engine, worker_id: str) -> list[Job]:
+    """Jobs a worker holds (running or cancelling)."""
+    with read_session(engine) as session:
+        query = select(Job).where(col(Job.status).in_(ACTIVE), Job.worker_id == worker_id)
+        return list(session.exec(query).scalars())
 
 
 def _insert_ignore(engine: Engine, model: Any) -> Any:

@@ -20,6 +20,14 @@ log = logging.getLogger(__name__)
 
 # A line longer than this is cut (a progress bar printed without newlines, say).
 MAX_LINE_CHARS = 8192
+# Set in every process of an attempt (ranks inherit it), so a restarted worker can tell
+# the processes it left behind from unrelated ones that happen to reuse a process group id.
+MARKER_ENV = "TRAINYARD_ATTEMPT"
+
+
+def attempt_marker(job: Job) -> str:
+    """The value of MARKER_ENV for a job's current attempt."""
+    return f"{job.id}:{job.attempt}"
 
 
 class Attempt:
@@ -34,8 +42,10 @@ class Attempt:
         self.pgid = proc.pid  # start_new_session: the runner leads its own group
         self.started = time.monotonic()
         self.timeout_s = job.timeout_s
-        self.stop_reason: str | None = None  # cancel | timeout | shutdown | lease_lost
+        self.stop_reason: str | None = None  # cancel|timeout|stalled|shutdown|lease_lost
         self.kill_at: float | None = None
+        self.last_step: int | None = None  # progress watchdog: the step last seen ...
+        self.last_advance = self.started  # ... and when it last moved
         self._lines: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
         self._pumps = [
@@ -72,7 +82,11 @@ class Attempt:
             "--threads",
             str(threads),
         ]
-        env = {**env, "PYTHONUNBUFFERED": "1"}  # lines reach the logs as printed, even on a crash
+        env = {
+            **env,
+            "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash
+            MARKER_ENV: attempt_marker(job),
+        }
         if accelerator == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         proc = subprocess.Popen(
@@ -148,6 +162,26 @@ class Attempt:
     def finished(self) -> bool:
         """The runner exited and no process of its group remains."""
         return self.proc.poll() is not None and not self.alive()
+
+
+def kill_leftovers(pgid: int, marker: str, timeout_s: float) -> int:
+    """SIGKILL the processes of group ``pgid`` that carry ``marker``; wait until they are gone."""
+    pids = [pid for pid in group_members(pgid) if _environ_has(pid, f"{MARKER_ENV}={marker}")]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while any(pid in group_members(pgid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(pids)
+
+
+def _environ_has(pid: int, entry: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def group_members(pgid: int) -> list[int]:

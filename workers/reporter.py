@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine
@@ -27,10 +28,16 @@ class DbReporter:
     """
 
     def __init__(
-        self, engine: Engine, fence: Fence, *, flush_interval_s: float = FLUSH_INTERVAL_S
+        self,
+        engine: Engine,
+        fence: Fence,
+        *,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        on_lease_lost: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.fence = fence
+        self.on_lease_lost = on_lease_lost
         self.flush_interval_s = flush_interval_s
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.lease_lost = threading.Event()
@@ -75,5 +82,7 @@ class DbReporter:
             if not store.report(self.engine, self.fence, progress=progress, metrics=metrics):
                 self.lease_lost.set()
                 log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
+                if self.on_lease_lost is not None:
+                    self.on_lease_lost()
         except Exception:  # a database hiccup must not kill training; the next batch retries
             log.exception("job %s: could not record progress", self.fence.job_id)

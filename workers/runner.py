@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +31,7 @@ from workers.errors import NotRetryable, describe
 from workers.recipes import Recipe, load_recipes
 from workers.reporter import DbReporter
 from workers.stdio import prefix_stdio
-from workers.training import RunSpec
+from workers.training import Preempted, RunSpec, stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     out = outcome_path(settings.data_dir, args.job_id, args.attempt)
     out.parent.mkdir(parents=True, exist_ok=True)
     prefix_stdio("[runner] ", args.job_id)
+    stop_on_sigterm()  # checkpoint and stop (ddp: the ranks do; this process waits for them)
     engine = make_engine(settings)
-    reporter = DbReporter(engine, fence).start()
+    reporter = DbReporter(engine, fence, on_lease_lost=_kill_own_group).start()
     try:
         job = load_job(engine, args.job_id)
         recipes = load_recipes(settings.recipes_dir)
@@ -143,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             spec.accelerator,
         )
         result = strategies.run(spec, reporter)
+    except Preempted as stop:
+        reporter.close()
+        log.info("attempt %d: %s", args.attempt, stop)
+        _write_outcome(out, {"ok": False, "preempted": str(stop)})
+        return 1
     except BaseException as exc:
         reporter.close()
         error = _rank_error(out.parent, args.attempt) or describe(exc)
@@ -160,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     _write_outcome(out, {"ok": True, "result": result})
     log.info("attempt %d succeeded: %s", args.attempt, json.dumps(result))
     return 0
+
+
+def _kill_own_group() -> None:
+    """Another worker owns the job now: nothing this attempt does can count, so stop it all."""
+    log.error("lease lost: stopping every process of this attempt")
+    os.killpg(0, signal.SIGKILL)
 
 
 def _rank_error(runner_dir: Path, attempt: int) -> dict[str, Any] | None:

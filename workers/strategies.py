@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from workers.errors import describe
 from workers.recipes import load_recipes
 from workers.stdio import prefix_stdio
-from workers.training import RunSpec, Sink, train
+from workers.training import Preempted, RunSpec, Sink, stop_on_sigterm, train
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def _run_ddp(spec: RunSpec, sink: Sink) -> dict[str, float]:
     )
     ctx = mp.get_context("spawn")
     events: Any = ctx.Queue()
-    result: dict[str, float] = {}
+    result: dict[str, Any] = {}
     forwarder = _Forwarder(events, sink, result)
     forwarder.start()
     try:
@@ -59,13 +59,15 @@ def _run_ddp(spec: RunSpec, sink: Sink) -> dict[str, float]:
     finally:
         events.put(None)
         forwarder.join()
+    if "preempted" in result:
+        raise Preempted(result["preempted"])
     return result
 
 
 class _Forwarder:
     """Moves rank 0's events from the spawn queue to the runner's sink, keeping the result."""
 
-    def __init__(self, events: Any, sink: Sink, result: dict[str, float]) -> None:
+    def __init__(self, events: Any, sink: Sink, result: dict[str, Any]) -> None:
         self.events, self.sink, self.result = events, sink, result
         self.thread = threading.Thread(target=self._loop, name="rank0-events", daemon=True)
 
@@ -85,6 +87,8 @@ class _Forwarder:
                 return
             if item[0] == "result":
                 self.result.update(item[1])
+            elif item[0] == "preempted":
+                self.result["preempted"] = item[1]
             else:
                 self.sink.put_nowait(item)
 
@@ -92,6 +96,7 @@ class _Forwarder:
 def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
     """One DDP rank: join the group, train, meet the others at a barrier, leave."""
     prefix_stdio(f"[rank {rank}] ", spec.job_id)
+    stop_on_sigterm()
     torch.set_num_threads(spec.threads)
     cuda = spec.accelerator == "cuda"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -115,9 +120,13 @@ def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
     clean = False
     try:
         recipe = load_recipes(Path(spec.recipes_dir) if spec.recipes_dir else None)[spec.recipe]
-        result = train(rank, spec, recipe, device, events if rank == 0 else None)
-        if rank == 0:
-            events.put(("result", result))
+        try:
+            result = train(rank, spec, recipe, device, events if rank == 0 else None)
+            if rank == 0:
+                events.put(("result", result))
+        except Preempted as stop:  # every rank stops at the same step, checkpoint written
+            if rank == 0:
+                events.put(("preempted", str(stop)))
         # Every rank reaches this before any tears down: destroying the group while a
         # peer is still in a collective aborts gloo at exit (seen: ~1 run in 10).
         dist.barrier()

@@ -22,17 +22,15 @@ from service.models import JobStatus, Worker
 from service.settings import Settings
 from service.store import Outcome
 from workers import devices as device_info
-from workers.attempt import Attempt
+from workers.attempt import Attempt, attempt_marker, kill_leftovers
 from workers.recipes import load_recipes
 from workers.runner import outcome_path
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.2  # claim latency bound while idle (the API promises < 0.5 s)
-HEARTBEAT_INTERVAL_S = 1.0  # lease renewal, cancel detection, worker liveness
-LEASE_S = 15.0  # a job whose worker is silent this long goes back to the queue
-KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL
-SHUTDOWN_GRACE_S = 10.0
+# Lease, heartbeat, kill grace, stall and reservation times are operator settings
+# (service/settings.py); the keyword arguments below override them in tests.
 
 
 class Supervisor:
@@ -44,17 +42,16 @@ class Supervisor:
         *,
         worker_id: str | None = None,
         poll_interval_s: float = POLL_INTERVAL_S,
-        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
-        lease_s: float = LEASE_S,
-        kill_grace_s: float = KILL_GRACE_S,
+        **overrides: float,
     ) -> None:
+        settings = settings.model_copy(update=overrides)
         self.settings = settings
         self.engine = make_engine(settings)
         self.worker_id = worker_id or settings.worker_id or platform.node()
         self.poll_interval_s = poll_interval_s
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.lease_s = lease_s
-        self.kill_grace_s = kill_grace_s
+        self.heartbeat_interval_s = settings.heartbeat_interval_s
+        self.lease_s = settings.lease_s
+        self.kill_grace_s = settings.kill_grace_s
         self.accelerator, self.devices = device_info.detect(settings.cpu_slots)
         self.recipes = load_recipes(settings.recipes_dir)
         self.attempts: dict[int, Attempt] = {}
@@ -68,6 +65,7 @@ class Supervisor:
     def run(self, *, drain: bool = False) -> None:
         """Work until stopped; with ``drain``, until no job it could run is left."""
         self._register()
+        self._recover()
         log.info(
             "worker %s: %d %s device(s), recipes %s",
             self.worker_id,
@@ -102,7 +100,8 @@ class Supervisor:
         self._stopping = True
         self._stop_now = self._stop_now or now
         for attempt in self.attempts.values():
-            attempt.request_stop("shutdown", 0.0 if self._stop_now else SHUTDOWN_GRACE_S)
+            # SIGTERM asks the job to checkpoint where it is; it resumes there later.
+            attempt.request_stop("shutdown", 0.0 if self._stop_now else self.kill_grace_s)
             if self._stop_now:
                 attempt.signal(signal.SIGKILL)
         self._wake.set()
@@ -127,19 +126,35 @@ class Supervisor:
             ),
         )
 
+    def _recover(self) -> None:
+        """Kill what a previous run of this worker left behind and requeue its jobs."""
+        leftovers = store.active_jobs_of(self.engine, self.worker_id)
+        for job in leftovers:
+            if job.runner_pgid is not None:
+                killed = kill_leftovers(job.runner_pgid, attempt_marker(job), self.kill_grace_s)
+                log.warning("job %s: killed %d process(es) left by a previous run", job.id, killed)
+        for job_id in store.abandon_worker_jobs(self.engine, self.worker_id):
+            log.warning("job %s: requeued after this worker restarted", job_id)
+
     def _heartbeat(self) -> None:
         catalog.worker_heartbeat(self.engine, self.worker_id)
         live = {jid: a for jid, a in self.attempts.items() if a.stop_reason != "lease_lost"}
         held = store.renew_lease(self.engine, [a.fence for a in live.values()], self.lease_s)
+        now = time.monotonic()
         for job_id, attempt in live.items():
-            status = held.get(job_id)
-            if status is None:
+            lease = held.get(job_id)
+            if lease is None:
                 # Someone else owns the job now: our runner must not keep training it.
                 log.warning("job %s: lease lost; killing its runner", job_id)
                 attempt.stop_reason = "lease_lost"
                 attempt.signal(signal.SIGKILL)
-            elif status == JobStatus.cancelling:
+                continue
+            if lease.status == JobStatus.cancelling:
                 attempt.request_stop("cancel", self.kill_grace_s)
+            if lease.step != attempt.last_step:
+                attempt.last_step, attempt.last_advance = lease.step, now
+            elif now - attempt.last_advance > self.settings.stall_timeout_s:
+                attempt.request_stop("stalled", self.kill_grace_s)
         for job_id in store.expire_leases(self.engine):
             log.warning("job %s: its worker's lease expired; requeued", job_id)
 
@@ -236,8 +251,19 @@ class Supervisor:
             return Outcome(
                 JobStatus.failed, "timeout", f"attempt exceeded timeout_s={attempt.timeout_s}"
             )
+        if attempt.stop_reason == "stalled":
+            return Outcome(
+                JobStatus.failed,
+                "stalled",
+                f"no training step for {self.settings.stall_timeout_s:.0f}s; stopped",
+                retryable=True,
+            )
         if attempt.stop_reason == "shutdown":
-            return Outcome(JobStatus.queued, "worker_shutdown", "stopped by worker shutdown")
+            return Outcome(
+                JobStatus.queued,
+                "worker_shutdown",
+                f"worker {self.worker_id} shut down; the job resumes from its last checkpoint",
+            )
         path = outcome_path(self.settings.data_dir, attempt.job_id, attempt.fence.attempt)
         try:
             record = json.loads(path.read_text())
@@ -253,6 +279,8 @@ class Supervisor:
             )
         if record["ok"]:
             return Outcome(JobStatus.succeeded, "succeeded", "trained", result=record["result"])
+        if "preempted" in record:  # someone sent SIGTERM: it checkpointed and stopped
+            return Outcome(JobStatus.queued, "preempted", f"preempted: {record['preempted']}")
         error = record["error"]
         return Outcome(
             JobStatus.failed,

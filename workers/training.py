@@ -8,10 +8,14 @@ weights. Side effects (metrics, checkpoints, the final model) happen on rank 0 o
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +24,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from workers.recipes import Recipe
 
@@ -34,6 +38,8 @@ PROGRESS_INTERVAL_S = 0.25
 VAL_BATCH_SIZE = 1024
 # Checkpoints kept per job; older ones are deleted once a newer one is complete.
 KEEP_CHECKPOINTS = 2
+# DDP ranks agree on "stop now?" every this many steps (one tiny all-reduce each time).
+STOP_CHECK_EVERY_STEPS = 20
 MODEL_FILE = "model.safetensors"
 
 
@@ -75,10 +81,27 @@ class RunSpec:
         return Path(self.job_dir) / "checkpoints"
 
 
+class Preempted(Exception):
+    """Training stopped early on request (SIGTERM), after a checkpoint of where it was."""
+
+
+# Set by SIGTERM (see ``stop_on_sigterm``): finish the step, checkpoint, stop.
+STOP_REQUESTED = threading.Event()
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM mean "checkpoint where you are and stop" in this process."""
+    signal.signal(signal.SIGTERM, lambda *_: STOP_REQUESTED.set())
+
+
 def train(
     rank: int, spec: RunSpec, recipe: Recipe, device: torch.device, sink: Sink | None
 ) -> dict[str, float]:
-    """Train (or resume) the job on this rank; returns the final metrics on rank 0."""
+    """Train (or resume) the job on this rank; returns the final metrics on rank 0.
+
+    Raises Preempted when asked to stop, after rank 0 saved a checkpoint of the exact
+    position (epoch, batch): the next attempt continues from that batch.
+    """
     world = spec.world_size
     distributed = spec.strategy == "ddp"
     params = recipe.params.model_validate(spec.params)
@@ -87,7 +110,7 @@ def train(
     torch.manual_seed(spec.seed)  # the same initial weights on every rank and strategy
     model = recipe.build_model(params).to(device)
     optimizer = _optimizer(spec, model)
-    start_epoch, step = _resume(spec, model, optimizer, device)
+    at = _resume(spec, model, optimizer, device, rank)
 
     wrapped: nn.Module = model
     if distributed:
@@ -99,21 +122,27 @@ def train(
         ids = list(range(spec.devices)) if device.type == "cuda" else None
         wrapped = nn.DataParallel(model, device_ids=ids)
 
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        train_set, num_replicas=world, rank=rank, shuffle=True, seed=spec.seed
+    local_batch = spec.batch_size // world
+    sampler = _ResumableSampler(
+        DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=spec.seed)
     )
-    loader = DataLoader(train_set, batch_size=spec.batch_size // world, sampler=sampler)
-    steps_per_epoch = len(loader)
+    loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler)
+    steps_per_epoch = math.ceil(len(sampler.inner) / local_batch)
     total_steps = steps_per_epoch * spec.epochs
     bf16 = spec.precision == "bf16"
-    reporter = _Reporter(sink, spec, total_steps, step) if rank == 0 else None
+    reporter = _Reporter(sink, spec, total_steps, at.step) if rank == 0 else None
+    step = at.step
 
     result: dict[str, float] = {}
-    for epoch in range(start_epoch, spec.epochs):
-        sampler.set_epoch(epoch)
+    for epoch in range(at.epoch, spec.epochs):
+        resuming = epoch == at.epoch
+        batch = at.batch if resuming else 0
+        sampler.set_epoch(epoch, skip=batch * local_batch)
         wrapped.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        seen = 0
+        loss_sum = torch.tensor(
+            at.loss_sum if resuming else 0.0, dtype=torch.float64, device=device
+        )
+        seen = at.seen if resuming else 0
         for x, y in loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -122,15 +151,18 @@ def train(
             loss.backward()
             optimizer.step()
             step += 1
+            batch += 1
             loss_sum += loss.detach().double() * len(x)  # no .item(): no sync per step
             seen += len(x)
             if reporter is not None:
                 reporter.step(epoch + 1, step, loss)
-        totals = torch.stack(
-            [loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=device)]
-        )
-        if distributed:
-            dist.all_reduce(totals)  # the epoch's loss over every rank's samples
+            if _should_stop(step, distributed, device):
+                totals = _global_totals(loss_sum, seen, distributed)
+                if rank == 0:
+                    where = _Position(epoch, batch, step, *totals.tolist())
+                    _save_checkpoint(spec, model, optimizer, where)
+                raise Preempted(f"stopped at epoch {epoch + 1}, batch {batch}, step {step}")
+        totals = _global_totals(loss_sum, seen, distributed)
         if rank == 0:
             result = _end_of_epoch(
                 spec, recipe, model, optimizer, val_set, device, epoch, step, totals
@@ -142,8 +174,47 @@ def train(
             lambda p: save_file(_cpu_state(model), str(p)), Path(spec.job_dir) / MODEL_FILE
         )
         if not result:  # resumed after the last epoch's checkpoint: report what it holds
-            result = {"val/loss": evaluate(recipe, model, val_set, device)["val/loss"]}
+            result = evaluate(recipe, model, val_set, device)
     return result
+
+
+def _should_stop(step: int, distributed: bool, device: torch.device) -> bool:
+    """Whether to stop now; with DDP, every rank must agree on the same step."""
+    if not distributed:
+        return STOP_REQUESTED.is_set()
+    if step % STOP_CHECK_EVERY_STEPS:
+        return False
+    flag = torch.tensor(1.0 if STOP_REQUESTED.is_set() else 0.0, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one rank's SIGTERM stops them all
+    return bool(flag.item())
+
+
+def _global_totals(loss_sum: torch.Tensor, seen: float, distributed: bool) -> torch.Tensor:
+    """(loss sum, samples) over every rank."""
+    totals = torch.stack(
+        [loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=loss_sum.device)]
+    )
+    if distributed:
+        dist.all_reduce(totals)
+    return totals
+
+
+class _ResumableSampler(Sampler[int]):
+    """The DistributedSampler's order for an epoch, minus the samples already trained on."""
+
+    def __init__(self, inner: DistributedSampler[Any]) -> None:
+        self.inner = inner
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.inner.set_epoch(epoch)  # shuffles by seed + epoch, the same on every rank
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.inner), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(len(self.inner) - self.skip, 0)
 
 
 def evaluate(
@@ -186,7 +257,7 @@ def _end_of_epoch(
     metrics.update(evaluate(recipe, model, val_set, device))
     done = epoch + 1
     if done % spec.checkpoint_every == 0 or done == spec.epochs:
-        _save_checkpoint(spec, model, optimizer, done, step)
+        _save_checkpoint(spec, model, optimizer, _Position(done, 0, step))
     return metrics
 
 
@@ -210,28 +281,43 @@ def _atomic_save(write: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class _Position:
+    """Where training is: the epoch to continue, batches of it done, and its loss so far."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0  # over every rank's samples of this epoch so far
+    seen: float = 0.0  # samples behind loss_sum
+
+
 def _save_checkpoint(
-    spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int
+    spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, at: _Position
 ) -> None:
     state = {
         "model": _cpu_state(model),  # the unwrapped module: loads without DDP/DP
         "optimizer": optimizer.state_dict(),
-        "epoch": epoch,  # epochs completed
-        "step": step,
+        "position": at.__dict__,
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "spec": {k: v for k, v in spec.__dict__.items() if k != "extra"},
     }
-    path = spec.checkpoint_dir / f"epoch-{epoch:06d}.pt"
+    # Names sort in training order, so the newest checkpoint is the last one.
+    path = spec.checkpoint_dir / f"epoch-{at.epoch:06d}-batch-{at.batch:08d}.pt"
     _atomic_save(lambda p: torch.save(state, p), path)
     for old in sorted(spec.checkpoint_dir.glob("epoch-*.pt"))[:-KEEP_CHECKPOINTS]:
         old.unlink(missing_ok=True)
 
 
 def _resume(
-    spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
-) -> tuple[int, int]:
-    """Load the newest complete checkpoint, if any; returns (epochs done, step)."""
+    spec: RunSpec,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    rank: int,
+) -> _Position:
+    """Load the newest readable checkpoint, if any; returns where to continue."""
     for path in sorted(spec.checkpoint_dir.glob("epoch-*.pt"), reverse=True):
         try:
             state = torch.load(path, map_location=device, weights_only=True)
@@ -243,9 +329,12 @@ def _resume(
         torch.set_rng_state(state["rng_cpu"].cpu())
         if state["rng_cuda"] and device.type == "cuda":
             torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
-        log.info("job %s: resuming from %s (epoch %d)", spec.job_id, path.name, state["epoch"])
-        return int(state["epoch"]), int(state["step"])
-    return 0, 0
+        at = _Position(**state["position"])
+        log.info("job %s: resuming from %s", spec.job_id, path.name)
+        if rank != 0:  # the epoch's loss so far is carried by rank 0 alone
+            at = _Position(at.epoch, at.batch, at.step)
+        return at
+    return _Position()
 
 
 class _Reporter:

@@ -79,7 +79,7 @@ def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
     fence = claim(engine)
     assert fence is not None
     stale = Fence(fence.job_id, fence.attempt, "not-the-token")
-    assert store.renew_lease(engine, [fence, stale], 30) == {fence.job_id: JobStatus.running}
+    assert store.renew_lease(engine, [fence, stale], 30) == {fence.job_id: (JobStatus.running, None)}
     assert not store.report(engine, stale, progress={"step": 1})
     assert not store.append_logs(engine, stale, [(0.0, "stdout", "x")])
     assert store.finish_attempt(engine, stale, Outcome(JobStatus.succeeded, "ok", "ok")) is None
@@ -122,7 +122,7 @@ def test_cancel_while_running_then_finish_is_cancelled(engine: Engine) -> None:
     fence = claim(engine)
     assert fence is not None
     assert store.cancel_job(engine, job_id).status == JobStatus.cancelling
-    assert store.renew_lease(engine, [fence], 30) == {job_id: JobStatus.cancelling}
+    assert store.renew_lease(engine, [fence], 30) == {job_id: (JobStatus.cancelling, None)}
     done = store.finish_attempt(engine, fence, Outcome(JobStatus.cancelled, "cancelled", "stopped"))
     assert done is not None and done.status == JobStatus.cancelled
 

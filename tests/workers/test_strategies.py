@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers import strategies
+from workers import strategies, training
 from workers.recipes import load_recipes
 from workers.training import MODEL_FILE, RunSpec, evaluate
 
@@ -84,3 +84,32 @@ def test_resume_from_checkpoint_ends_with_the_same_weights(tmp_path: Path) -> No
     a = load_file(Path(whole.job_dir) / MODEL_FILE)
     b = load_file(Path(resumed.job_dir) / MODEL_FILE)
     assert relative_difference(a, b) < 1e-6
+
+
+class StopAtStep:
+    """A sink that asks training to stop (as SIGTERM would) once it reports ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def put_nowait(self, item: object) -> None:
+        kind, payload = item  # type: ignore[misc]
+        if kind == "metric" and payload["step"] >= self.step:
+            training.STOP_REQUESTED.set()
+
+
+def test_preempted_mid_epoch_resumes_at_that_batch_with_the_same_weights(tmp_path: Path) -> None:
+    whole = spec_for(tmp_path, "single", 1)
+    strategies.run(whole, queue.SimpleQueue())
+    split = spec_for(tmp_path, "single", 1, job_dir=str(tmp_path / "split"))
+    try:
+        with pytest.raises(training.Preempted, match="epoch 2, batch 4"):
+            strategies.run(split, StopAtStep(20))  # 16 steps per epoch: stops in epoch 2
+    finally:
+        training.STOP_REQUESTED.clear()
+    (ckpt,) = [p.name for p in (Path(split.job_dir) / "checkpoints").glob("*batch-00000004.pt")]
+    result = strategies.run(split, queue.SimpleQueue())
+    a = load_file(Path(whole.job_dir) / MODEL_FILE)
+    b = load_file(Path(split.job_dir) / MODEL_FILE)
+    assert relative_difference(a, b) < 1e-6, ckpt
+    assert result["val/loss"] > 0
