@@ -12,6 +12,7 @@ from service.models import (
     Job,
     JobCreate,
     JobStatus,
+    Reason,
     RecipeRead,
     Strategy,
     Worker,
@@ -126,6 +127,39 @@ def check_spec(session: Session, spec: JobCreate) -> tuple[str, str]:
             f"{len(largest.devices)}",
         )
     return ("queued", f"waiting for a worker with {spec.devices} free device(s)")
+
+
+def waiting_reason(session: Session, job: Job, position: int) -> Reason:
+    """Why a queued job is still waiting, from the live state of the workers and queue."""
+    now = utcnow()
+    alive = [
+        w
+        for w in session.exec(select(Worker)).scalars()
+        if w.stopped_at is None and (now - w.heartbeat_at).total_seconds() < WORKER_ALIVE_S
+    ]
+    able = [
+        w
+        for w in alive
+        if len(w.devices) >= job.devices
+        and any(r["name"] == job.recipe for r in w.recipes)
+        and (job.accelerator != "cuda" or w.accelerator == "cuda")
+    ]
+    if not alive:
+        code, text = "no_worker", "no worker is running; the job waits for one"
+    elif not able:
+        code, text = (
+            "no_worker",
+            f"no running worker offers {job.recipe} on {job.devices} device(s)",
+        )
+    elif job.run_after is not None and job.run_after > now:
+        code, text = "retry_backoff", f"retrying in {(job.run_after - now).total_seconds():.0f}s"
+    else:
+        ahead = f"{position - 1} job(s) ahead" if position > 1 else "next in line"
+        code, text = "queued", f"waiting for {job.devices} free device(s); {ahead}"
+    if job.reason_code in (None, "queued", "no_worker", "retry_backoff"):
+        return Reason(code=code, message=text)
+    # requeued: keep why (the failure, the lost worker) and add what it waits for now
+    return Reason(code=job.reason_code, message=f"{job.reason_message}; {text}")
 
 
 def _check_shape(spec: JobCreate) -> None:

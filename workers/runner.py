@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BaseException as exc:
         reporter.close()
-        error = _rank_error(out.parent, args.attempt) or describe(exc)
+        error = describe(exc)
+        rank_error = _rank_error(out.parent, args.attempt)
+        if rank_error is not None:  # the rank's own traceback, plus how every rank ended
+            error = {**rank_error, "message": f"{rank_error['message']} [{exc}]"[:2000]}
         # The traceback goes to the job's log too: the last lines before a crash matter most.
         log.error(
             "attempt %d failed: %s: %s\n%s",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import signal
 import sys
 import threading
 from datetime import timedelta
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 INIT_TIMEOUT_S = 60.0
 # Longest a collective may wait for a peer before the attempt fails (a hung or dead rank).
 COLLECTIVE_TIMEOUT_S = 120.0
+# When one rank dies, how long the others get to exit before SIGTERM, then SIGKILL.
+RANK_EXIT_GRACE_S = 3.0
 
 
 def run(spec: RunSpec, sink: Sink) -> dict[str, float]:
@@ -55,13 +58,40 @@ def _run_ddp(spec: RunSpec, sink: Sink) -> dict[str, float]:
     forwarder = _Forwarder(events, sink, result)
     forwarder.start()
     try:
-        mp.spawn(_rank_main, args=(spec, store.port, events), nprocs=spec.world_size, join=True)
+        context = mp.spawn(
+            _rank_main, args=(spec, store.port, events), nprocs=spec.world_size, join=False
+        )
+        # join raises once any rank fails; the others then get RANK_EXIT_GRACE_S to exit,
+        # SIGTERM, the same again, then SIGKILL (torch's default grace is 30 s each).
+        try:
+            while not context.join(grace_period=RANK_EXIT_GRACE_S):
+                pass
+        except Exception as exc:
+            # mp.spawn names the first rank it saw fail, often a survivor whose collective
+            # broke; how each rank ended tells who really went first (e.g. a SIGKILL).
+            raise RanksFailed(_how_ranks_ended(context.processes)) from exc
     finally:
         events.put(None)
         forwarder.join()
     if "preempted" in result:
         raise Preempted(result["preempted"])
     return result
+
+
+class RanksFailed(RuntimeError):
+    """A DDP rank failed; the message says how every rank ended."""
+
+
+def _how_ranks_ended(processes: list[Any]) -> str:
+    ends = []
+    for rank, proc in enumerate(processes):
+        code = proc.exitcode
+        if code is not None and code < 0:
+            ends.append(f"rank {rank} killed by {signal.Signals(-code).name}")
+        else:
+            ends.append(f"rank {rank} exited with {code}")
+        # Ranks SIGTERMed by mp.spawn after the first failure show up here too.
+    return "; ".join(ends)
 
 
 class _Forwarder:

@@ -11,7 +11,7 @@ from sqlmodel import col, select
 from service import store
 from service.api.deps import EngineDep, SessionDep, SettingsDep
 from service.artifacts import artifact_path, list_artifacts
-from service.catalog import check_spec
+from service.catalog import check_spec, waiting_reason
 from service.models import (
     JOB_EXAMPLE,
     JobCreate,
@@ -71,7 +71,10 @@ def list_jobs(
 def get_job(job_id: int, session: SessionDep) -> JobRead:
     """One job, with its live progress and, while queued, its place in the queue."""
     job = store.get_job(session, job_id)
-    return JobRead.from_row(job, store.queue_position(session, job))
+    read = JobRead.from_row(job, store.queue_position(session, job))
+    if read.queue_position is not None:
+        read.reason = waiting_reason(session, job, read.queue_position)
+    return read
 
 
 @router.post(

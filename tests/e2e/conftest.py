@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -55,12 +57,14 @@ class Stack:
     def __post_init__(self) -> None:
         self.http = httpx.Client(base_url=self.url + "/api/v1", timeout=10)
 
-    def start(self, *args: str, log_name: str) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"{log_name}.log", "wb")  # noqa: SIM115 (closed at teardown)
+    def start(
+        self, *args: str, log_name: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{log_name}.log", "ab")  # noqa: SIM115 (closed at teardown)
         self.logs.append(log)
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", *args],
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -68,16 +72,31 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, worker_id: str = "e2e") -> subprocess.Popen[bytes]:
-        proc = self.start("worker", "--worker-id", worker_id, log_name=f"worker-{worker_id}")
+    def start_worker(self, worker_id: str = "e2e", **settings: object) -> subprocess.Popen[bytes]:
+        """Start a worker (settings as TRAINYARD_* variables) and wait until it registered."""
+        env = {f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()}
+        proc = self.start(
+            "worker", "--worker-id", worker_id, log_name=f"worker-{worker_id}", env=env
+        )
         wait_for(
             lambda: any(
-                w["id"] == worker_id and w["alive"] for w in self.http.get("/workers").json()
+                w["id"] == worker_id and w["alive"] and w["pid"] == proc.pid
+                for w in self.http.get("/workers").json()
             ),
             60,
             f"worker {worker_id} to register",
         )
         return proc
+
+    def db(self) -> sqlite3.Connection:
+        """The stack's database, for facts the API does not show (process group ids)."""
+        return sqlite3.connect(self.env["TRAINYARD_DATABASE_URL"].removeprefix("sqlite:///"))
+
+    def runner_pgid(self, job_id: int) -> int:
+        with contextlib.closing(self.db()) as conn:
+            (pgid,) = conn.execute("SELECT runner_pgid FROM job WHERE id = ?", (job_id,)).fetchone()
+        assert pgid is not None, f"job {job_id} has no runner"
+        return int(pgid)
 
     def job(self, job_id: int) -> dict[str, Any]:
         return self.http.get(f"/jobs/{job_id}").json()  # type: ignore[no-any-return]

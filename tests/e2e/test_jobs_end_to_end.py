@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -85,13 +84,6 @@ def test_ddp_job_runs_reports_and_produces_a_loadable_model(stack: Stack) -> Non
     assert reproduced == pytest.approx(done["result"]["val/loss"], rel=1e-6)
 
 
-def _runner_pgid(stack: Stack, job_id: int) -> int:
-    db = stack.env["TRAINYARD_DATABASE_URL"].removeprefix("sqlite:///")
-    with sqlite3.connect(db) as conn:
-        (pgid,) = conn.execute("SELECT runner_pgid FROM job WHERE id = ?", (job_id,)).fetchone()
-    return int(pgid)
-
-
 def test_cancel_running_ddp_job_stops_every_process(stack: Stack) -> None:
     stack.start_worker()
     job = stack.submit(
@@ -103,7 +95,7 @@ def test_cancel_running_ddp_job_stops_every_process(stack: Stack) -> None:
         params={"train_samples": 16384},
     )
     wait_for(lambda: stack.job(job["id"])["progress"], 60, "training to start")
-    pgid = _runner_pgid(stack, job["id"])
+    pgid = stack.runner_pgid(job["id"])
     assert len(group_members(pgid)) >= 3  # runner + two ranks
     r = stack.http.post(f"/jobs/{job['id']}/cancel")
     assert r.status_code == 202 and r.json()["status"] == "cancelling"

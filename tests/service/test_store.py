@@ -79,7 +79,9 @@ def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
     fence = claim(engine)
     assert fence is not None
     stale = Fence(fence.job_id, fence.attempt, "not-the-token")
-    assert store.renew_lease(engine, [fence, stale], 30) == {fence.job_id: (JobStatus.running, None)}
+    assert store.renew_lease(engine, [fence, stale], 30) == {
+        fence.job_id: (JobStatus.running, None)
+    }
     assert not store.report(engine, stale, progress={"step": 1})
     assert not store.append_logs(engine, stale, [(0.0, "stdout", "x")])
     assert store.finish_attempt(engine, stale, Outcome(JobStatus.succeeded, "ok", "ok")) is None

@@ -1,0 +1,195 @@
+"""Chaos: kill, stop and starve real workers and ranks; the job system must not lose work."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load
+
+from tests.e2e.conftest import Stack, wait_for
+from workers import strategies
+from workers.attempt import group_members
+from workers.training import MODEL_FILE, RunSpec
+
+pytestmark = pytest.mark.slow
+
+# 1024 samples / batch 64 = 16 steps an epoch; each step sleeps, so the run lasts a while.
+SLOW = {"recipe": "tiny", "strategy": "ddp", "devices": 2, "accelerator": "cpu", "batch_size": 64}
+SLOW_PARAMS = {"samples": 1024, "sleep_per_step_s": 0.01}
+
+
+def rank_pids(pgid: int) -> list[int]:
+    """The DDP rank processes of a runner's group (not the runner, not mp's resource tracker)."""
+    ranks = []
+    for pid in group_members(pgid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            ranks.append(pid)
+    return ranks
+
+
+def reference_weights(stack: Stack, job_id: int, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The job's resolved spec trained in one go, here, without interruption."""
+    spec = stack.http.get(f"/jobs/{job_id}/artifacts/spec.json").json()
+    names = {f.name for f in fields(RunSpec)} - {"job_dir", "recipes_dir", "extra", "attempt"}
+    params = {**spec["params"], "sleep_per_step_s": 0.0}  # the same math, without the wait
+    run = RunSpec(
+        **{**{k: spec[k] for k in names}, "params": params},
+        job_dir=str(tmp_path / "reference"),
+        recipes_dir=stack.env["TRAINYARD_RECIPES_DIR"],
+    )
+    strategies.run(run, queue.SimpleQueue())
+    return load((tmp_path / "reference" / MODEL_FILE).read_bytes())
+
+
+def job_weights(stack: Stack, job_id: int) -> dict[str, torch.Tensor]:
+    return load(stack.http.get(f"/jobs/{job_id}/artifacts/{MODEL_FILE}").content)
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def started_lines(stack: Stack, job_id: int) -> list[str]:
+    logs = stack.http.get(f"/jobs/{job_id}/logs", params={"limit": 10_000}).json()
+    return [x["text"] for x in logs if x["stream"] == "system" and " started on " in x["text"]]
+
+
+@pytest.mark.parametrize(("sig", "attempt"), [(signal.SIGKILL, 2), (signal.SIGTERM, 1)])
+def test_worker_stopped_mid_epoch_resumes_with_the_same_weights(
+    stack: Stack, tmp_path: Path, sig: signal.Signals, attempt: int
+) -> None:
+    """kill -9: the restarted worker kills the leftovers and retries from the checkpoint.
+    SIGTERM: the job checkpoints where it is and goes back to the queue, attempt unspent."""
+    worker = stack.start_worker(lease_s=60)  # recovery by restart, not by lease expiry
+    job = stack.submit(**SLOW, epochs=30, params=SLOW_PARAMS)
+    wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 3, 60, "epoch 3")
+    pgid = stack.runner_pgid(job["id"])
+    worker.send_signal(sig)
+    assert worker.wait(timeout=60) in (0, -signal.SIGKILL)
+    if sig == signal.SIGTERM:
+        handed_back = stack.job(job["id"])
+        assert handed_back["status"] == "queued" and handed_back["attempt"] == 1
+        assert handed_back["reason"]["code"] == "worker_shutdown"
+        assert group_members(pgid) == []  # the worker left nothing behind
+    stack.start_worker()
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded" and done["attempt"] == attempt, done
+    assert group_members(pgid) == []  # nothing of the first run survived
+    texts = [x["text"] for x in stack.http.get(f"/jobs/{job['id']}/logs").json()]
+    assert any("resuming from epoch-" in t for t in texts)
+    val = [
+        m["epoch"]
+        for m in stack.http.get(f"/jobs/{job['id']}/metrics", params={"name": "val/loss"}).json()
+    ]
+    assert val == list(range(1, 31))  # each epoch once: a resumed run adds no duplicates
+    assert_same_weights(
+        job_weights(stack, job["id"]), reference_weights(stack, job["id"], tmp_path)
+    )
+
+
+def test_killed_rank_fails_the_attempt_fast_and_the_retry_succeeds(stack: Stack) -> None:
+    stack.start_worker()
+    job = stack.submit(**SLOW, epochs=20, params=SLOW_PARAMS, max_attempts=2)
+    wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 2, 60, "epoch 2")
+    pgid = stack.runner_pgid(job["id"])
+    ranks = wait_for(lambda: len(r := rank_pids(pgid)) == 2 and r, 10, "two ranks")
+    os.kill(ranks[1], signal.SIGKILL)
+    wait_for(lambda: stack.job(job["id"])["attempt"] == 2, 60, "the attempt to end and retry")
+    assert group_members(pgid) == []
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded" and done["attempt"] == 2
+    texts = [x["text"] for x in stack.http.get(f"/jobs/{job['id']}/logs").json()]
+    assert any("attempt 1 ended" in t and "SIGKILL" in t for t in texts), texts[-20:]
+
+
+def test_worker_stopped_past_its_lease_loses_the_job_to_another(stack: Stack) -> None:
+    fast = {"lease_s": 3, "heartbeat_interval_s": 0.5}
+    a = stack.start_worker("a", **fast)
+    job = stack.submit(**SLOW, epochs=30, params=SLOW_PARAMS)
+    wait_for(lambda: stack.job(job["id"])["progress"], 60, "training on a")
+    old_pgid = stack.runner_pgid(job["id"])
+    a.send_signal(signal.SIGSTOP)
+    try:
+        stack.start_worker("b", **fast)
+        taken = wait_for(
+            lambda: (
+                (j := stack.job(job["id"]))["worker_id"] == "b" and j["status"] == "running" and j
+            ),
+            60,
+            "worker b to take the job",
+        )
+        assert taken["attempt"] == 2
+        # a's runner learns from its refused writes that the job is gone, and stops itself
+        wait_for(lambda: group_members(old_pgid) == [], 30, "a's runner to stop")
+    finally:
+        a.send_signal(signal.SIGCONT)
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded" and done["worker_id"] == "b" and done["attempt"] == 2
+    a_log = stack.tmp / "worker-a.log"
+    wait_for(lambda: "lease lost" in a_log.read_text(), 30, "worker a to notice its lost lease")
+    assert stack.job(job["id"])["status"] == "succeeded"  # a changed nothing after it woke
+
+
+def test_timeout_ends_the_attempt_and_is_not_retried(stack: Stack) -> None:
+    stack.start_worker(kill_grace_s=2)
+    job = stack.submit(**SLOW, epochs=1000, params=SLOW_PARAMS, timeout_s=8, max_attempts=3)
+    wait_for(lambda: stack.job(job["id"])["progress"], 60, "training to start")
+    pgid = stack.runner_pgid(job["id"])
+    done = stack.wait_status(job["id"], {"succeeded", "failed"}, 60)
+    assert done["status"] == "failed" and done["attempt"] == 1
+    assert done["reason"]["code"] == "timeout"
+    assert group_members(pgid) == []
+
+
+def test_two_workers_run_each_of_40_jobs_exactly_once(stack: Stack) -> None:
+    ids = [
+        stack.submit(recipe="tiny", epochs=1, seed=i, params={"samples": 64})["id"]
+        for i in range(40)
+    ]
+    stack.start_worker("a")
+    stack.start_worker("b")
+    for job_id in ids:
+        stack.wait_status(job_id, {"succeeded", "failed"}, 300)
+    jobs = [stack.job(i) for i in ids]
+    assert [j["status"] for j in jobs] == ["succeeded"] * 40
+    assert [j["attempt"] for j in jobs] == [1] * 40
+    assert [len(started_lines(stack, i)) for i in ids] == [1] * 40
+    assert {j["worker_id"] for j in jobs} == {"a", "b"}  # both took a share
+
+
+def test_small_jobs_share_the_box_and_a_big_one_waits_with_a_reason(stack: Stack) -> None:
+    small: dict[str, Any] = {"recipe": "tiny", "devices": 1, "epochs": 12, "params": SLOW_PARAMS}
+    one, two = stack.submit(**small), stack.submit(**small)
+    big = stack.submit(recipe="tiny", devices=2, epochs=1)
+    stack.start_worker()
+
+    def both_running() -> list[dict[str, Any]] | None:
+        jobs = [stack.job(one["id"]), stack.job(two["id"])]
+        return (
+            jobs if all(j["status"] == "running" and j["assigned_devices"] for j in jobs) else None
+        )
+
+    both = wait_for(both_running, 60, "both one-device jobs running at once")
+    assert sorted(d for j in both for d in j["assigned_devices"]) == [0, 1]
+    waiting = stack.job(big["id"])
+    assert waiting["status"] == "queued" and waiting["queue_position"] == 1
+    assert waiting["reason"] == {
+        "code": "queued",
+        "message": "waiting for 2 free device(s); next in line",
+    }
+    done = [stack.wait_status(j["id"], {"succeeded", "failed"}) for j in (one, two, big)]
+    assert [d["status"] for d in done] == ["succeeded"] * 3
+    assert done[2]["started_at"] >= max(done[0]["finished_at"], done[1]["finished_at"])
