@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     stall_timeout_s: float = Field(
         600.0, gt=0, description="An attempt whose step does not advance this long is ended."
     )
+    warm_start: bool = Field(
+        True, description="Fork runners from a warm process with torch imported (else spawn)."
+    )
     reserve_after_s: float = Field(
         600.0,
         ge=0,

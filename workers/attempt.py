@@ -4,36 +4,33 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import IO
 
 from service.models import Job
 from service.store import Fence
+from workers.zygote import Zygote, ZygoteProcess
+
+Process = subprocess.Popen[bytes] | ZygoteProcess
 
 log = logging.getLogger(__name__)
 
 # A line longer than this is cut (a progress bar printed without newlines, say).
 MAX_LINE_CHARS = 8192
-# Set in every process of an attempt (ranks inherit it), so a restarted worker can tell
-# the processes it left behind from unrelated ones that happen to reuse a process group id.
-MARKER_ENV = "TRAINYARD_ATTEMPT"
-
-
-def attempt_marker(job: Job) -> str:
-    """The value of MARKER_ENV for a job's current attempt."""
-    return f"{job.id}:{job.attempt}"
 
 
 class Attempt:
     """A runner started in a new session, so its pgid names every process of the attempt."""
 
-    def __init__(self, job: Job, devices: list[int], proc: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self, job: Job, devices: list[int], proc: Process, stdout: IO[bytes], stderr: IO[bytes]
+    ) -> None:
         assert job.id is not None and job.lease_token is not None
         self.job_id = job.id
         self.fence = Fence(job.id, job.attempt, job.lease_token)
@@ -50,7 +47,7 @@ class Attempt:
         self._lock = threading.Lock()
         self._pumps = [
             threading.Thread(target=self._pump, args=(pipe, name), daemon=True)
-            for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
+            for pipe, name in ((stdout, "stdout"), (stderr, "stderr"))
         ]
         for t in self._pumps:
             t.start()
@@ -64,41 +61,41 @@ class Attempt:
         accelerator: str,
         threads: int,
         env: dict[str, str],
-        cwd: Path | None = None,
+        zygote: Zygote | None,
     ) -> Attempt:
-        """Start ``python -m workers.runner`` for the job's attempt."""
-        cmd = [
-            sys.executable,
-            "-m",
-            "workers.runner",
-            "--job-id",
-            str(job.id),
-            "--attempt",
-            str(job.attempt),
-            "--lease-token",
-            str(job.lease_token),
-            "--accelerator",
-            accelerator,
-            "--threads",
-            str(threads),
-        ]
+        """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
+        args = [
+            "--job-id", str(job.id),
+            "--attempt", str(job.attempt),
+            "--lease-token", str(job.lease_token),
+            "--accelerator", accelerator,
+            "--threads", str(threads),
+        ]  # fmt: skip
         env = {
             **env,
             "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash
-            MARKER_ENV: attempt_marker(job),
         }
         if accelerator == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-        return cls(job, devices, proc)
+        if zygote is None:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "workers.runner", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # the runner leads its own process group
+            )
+            assert popen.stdout is not None and popen.stderr is not None
+            return cls(job, devices, popen, popen.stdout, popen.stderr)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = zygote.spawn("workers.runner", args, env, out_w, err_w)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        return cls(job, devices, ZygoteProcess(zygote, pid), open(out_r, "rb"), open(err_r, "rb"))  # noqa: SIM115
 
     def note(self, text: str) -> None:
         """Add a line of the supervisor's own to the job's log."""
@@ -164,39 +161,66 @@ class Attempt:
         return self.proc.poll() is not None and not self.alive()
 
 
-def kill_leftovers(pgid: int, marker: str, timeout_s: float) -> int:
-    """SIGKILL the processes of group ``pgid`` that carry ``marker``; wait until they are gone."""
-    pids = [pid for pid in group_members(pgid) if _environ_has(pid, f"{MARKER_ENV}={marker}")]
+def kill_leftovers(session_id: int, started_before: float, timeout_s: float) -> int:
+    """SIGKILL what is left of an attempt whose supervisor died; returns how many.
+
+    The runner led its own session, and every rank and loader worker stays in it. Linux
+    does not reuse an id while a process still uses it as a session id, so the members
+    of that session are ours, unless all of them died and the id came back for a new
+    session: such processes started after ``started_before`` (Unix seconds: when the
+    dead supervisor's lease on the job ran or runs out) and are left alone.
+    """
+    pids = [
+        pid for pid in group_members(session_id)
+        if _session_of(pid) == session_id and _start_time(pid) <= started_before
+    ]  # fmt: skip
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while any(pid in group_members(pgid) for pid in pids) and time.monotonic() < deadline:
+    while any(pid in group_members(session_id) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return len(pids)
 
 
-def _environ_has(pid: int, entry: str) -> bool:
+def _stat_fields(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after "pid (comm)": [0] is state, [2] pgrp, [3] session."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return entry.encode() in f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
     except OSError:
-        return False
+        return []
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _session_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[3]) if fields else None
+
+
+def _start_time(pid: int) -> float:
+    """When a process started, in Unix seconds (inf if it is gone)."""
+    fields = _stat_fields(pid)
+    if not fields:
+        return math.inf
+    ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
+    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise RuntimeError("no btime in /proc/stat")
 
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
     members = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            members.append(int(entry.name))
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                members.append(int(entry.name))
     return members

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -34,10 +36,12 @@ class DbReporter:
         *,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         on_lease_lost: Callable[[], None] | None = None,
+        flushed_marker: Path | None = None,
     ) -> None:
         self.engine = engine
         self.fence = fence
         self.on_lease_lost = on_lease_lost
+        self.flushed_marker = flushed_marker
         self.flush_interval_s = flush_interval_s
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.lease_lost = threading.Event()
@@ -56,10 +60,10 @@ class DbReporter:
         self._thread.join()
 
     def _loop(self) -> None:
+        progress: dict[str, Any] | None = None
+        metrics: list[dict[str, Any]] = []
         done = False
         while not done:
-            progress: dict[str, Any] | None = None
-            metrics: list[dict[str, Any]] = []
             deadline = time.monotonic() + self.flush_interval_s
             while (left := deadline - time.monotonic()) > 0:
                 try:
@@ -74,15 +78,28 @@ class DbReporter:
                     progress = payload  # only the newest matters
                 elif kind == "metric":
                     metrics.append(payload)
-            if progress is not None or metrics:
-                self._write(progress, metrics)
+            if (progress is not None or metrics) and self._write(progress, metrics):
+                progress, metrics = None, []  # else kept, and tried again with the next batch
 
-    def _write(self, progress: dict[str, Any] | None, metrics: list[dict[str, Any]]) -> None:
+    def _write(self, progress: dict[str, Any] | None, metrics: list[dict[str, Any]]) -> bool:
+        """Store a batch; False when it should be tried again."""
         try:
-            if not store.report(self.engine, self.fence, progress=progress, metrics=metrics):
-                self.lease_lost.set()
-                log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
-                if self.on_lease_lost is not None:
-                    self.on_lease_lost()
-        except Exception:  # a database hiccup must not kill training; the next batch retries
-            log.exception("job %s: could not record progress", self.fence.job_id)
+            owned = store.report(self.engine, self.fence, progress=progress, metrics=metrics)
+        except Exception:  # a database hiccup must not kill training: retry with the next
+            log.exception("job %s: could not record progress; will retry", self.fence.job_id)
+            return False
+        if not owned:
+            self.lease_lost.set()
+            log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
+            if self.on_lease_lost is not None:
+                self.on_lease_lost()
+        elif metrics and self.flushed_marker is not None:
+            # Points arrive in step order: everything up to this step is stored now.
+            _write_atomic(self.flushed_marker, str(max(m["step"] for m in metrics)))
+        return True
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

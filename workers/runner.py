@@ -31,7 +31,7 @@ from workers.errors import NotRetryable, describe
 from workers.recipes import Recipe, load_recipes
 from workers.reporter import DbReporter
 from workers.stdio import prefix_stdio
-from workers.training import Preempted, RunSpec, stop_on_sigterm
+from workers.training import FLUSHED_MARKER, Preempted, RunSpec, stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     prefix_stdio("[runner] ", args.job_id)
     stop_on_sigterm()  # checkpoint and stop (ddp: the ranks do; this process waits for them)
     engine = make_engine(settings)
-    reporter = DbReporter(engine, fence, on_lease_lost=_kill_own_group).start()
+    reporter = DbReporter(
+        engine,
+        fence,
+        on_lease_lost=_kill_own_group,
+        flushed_marker=job_dir(settings.data_dir, args.job_id) / FLUSHED_MARKER,
+    ).start()
     try:
         job = load_job(engine, args.job_id)
         recipes = load_recipes(settings.recipes_dir)
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         error = describe(exc)
         rank_error = _rank_error(out.parent, args.attempt)
         if rank_error is not None:  # the rank's own traceback, plus how every rank ended
-            error = {**rank_error, "message": f"{rank_error['message']} [{exc}]"[:2000]}
+            error = {**rank_error, "ranks": str(exc)}
         # The traceback goes to the job's log too: the last lines before a crash matter most.
         log.error(
             "attempt %d failed: %s: %s\n%s",

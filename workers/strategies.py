@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import signal
 import sys
@@ -20,6 +21,7 @@ from workers.errors import describe
 from workers.recipes import load_recipes
 from workers.stdio import prefix_stdio
 from workers.training import Preempted, RunSpec, Sink, stop_on_sigterm, train
+from workers.zygote import RANK_START_ENV
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +54,21 @@ def _run_ddp(spec: RunSpec, sink: Sink) -> dict[str, float]:
         wait_for_workers=False,
         timeout=timedelta(seconds=INIT_TIMEOUT_S),
     )
-    ctx = mp.get_context("spawn")
+    # A runner forked from the warm zygote forks its ranks too (torch already imported,
+    # CUDA untouched); a runner started as a fresh interpreter spawns them.
+    start_method = os.environ.get(RANK_START_ENV, "spawn")
+    ctx = mp.get_context(start_method)
     events: Any = ctx.Queue()
     result: dict[str, Any] = {}
     forwarder = _Forwarder(events, sink, result)
     forwarder.start()
     try:
-        context = mp.spawn(
-            _rank_main, args=(spec, store.port, events), nprocs=spec.world_size, join=False
+        context = mp.start_processes(
+            _rank_main,
+            args=(spec, store.port, events),
+            nprocs=spec.world_size,
+            join=False,
+            start_method=start_method,
         )
         # join raises once any rank fails; the others then get RANK_EXIT_GRACE_S to exit,
         # SIGTERM, the same again, then SIGKILL (torch's default grace is 30 s each).

@@ -22,9 +22,10 @@ from service.models import JobStatus, Worker
 from service.settings import Settings
 from service.store import Outcome
 from workers import devices as device_info
-from workers.attempt import Attempt, attempt_marker, kill_leftovers
+from workers.attempt import Attempt, kill_leftovers
 from workers.recipes import load_recipes
 from workers.runner import outcome_path
+from workers.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class Supervisor:
         self._stopping = False
         self._stop_now = False
         self._env = self._runner_env()
+        self.zygote: Zygote | None = None
 
     # --- public ------------------------------------------------------------------
 
@@ -66,6 +68,7 @@ class Supervisor:
         """Work until stopped; with ``drain``, until no job it could run is left."""
         self._register()
         self._recover()
+        self._warm_zygote()  # warm up now, not on the first job
         log.info(
             "worker %s: %d %s device(s), recipes %s",
             self.worker_id,
@@ -128,10 +131,11 @@ class Supervisor:
 
     def _recover(self) -> None:
         """Kill what a previous run of this worker left behind and requeue its jobs."""
-        leftovers = store.active_jobs_of(self.engine, self.worker_id)
-        for job in leftovers:
-            if job.runner_pgid is not None:
-                killed = kill_leftovers(job.runner_pgid, attempt_marker(job), self.kill_grace_s)
+        for job in store.active_jobs_of(self.engine, self.worker_id):
+            if job.runner_pgid is not None and job.lease_expires_at is not None:
+                # nothing started after the lease ran out can belong to the attempt
+                expiry = job.lease_expires_at.timestamp()
+                killed = kill_leftovers(job.runner_pgid, expiry, self.kill_grace_s)
                 log.warning("job %s: killed %d process(es) left by a previous run", job.id, killed)
         for job_id in store.abandon_worker_jobs(self.engine, self.worker_id):
             log.warning("job %s: requeued after this worker restarted", job_id)
@@ -183,7 +187,12 @@ class Supervisor:
         processes = job.devices if ddp else 1
         threads = device_info.threads_per_process(len(held), len(self.devices), processes)
         attempt = Attempt.start(
-            job, held, accelerator=self.accelerator, threads=threads, env=self._env
+            job,
+            held,
+            accelerator=self.accelerator,
+            threads=threads,
+            env=self._env,
+            zygote=self._warm_zygote(),
         )
         self.attempts[job.id] = attempt
         store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
@@ -193,6 +202,18 @@ class Supervisor:
         )
         log.info("job %s: claimed (attempt %d) on devices %s", job.id, job.attempt, held)
         return True
+
+    def _warm_zygote(self) -> Zygote | None:
+        """The zygote to fork runners from (restarted if it died); None when turned off."""
+        if not self.settings.warm_start:
+            return None
+        if self.zygote is None or not self.zygote.alive():
+            if self.zygote is not None:
+                log.warning(
+                    "zygote exited with %s; starting a new one", self.zygote.proc.returncode
+                )
+            self.zygote = Zygote(self._env)
+        return self.zygote
 
     def _pending(self) -> bool:
         return (
@@ -268,12 +289,8 @@ class Supervisor:
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
-            code = attempt.proc.returncode
-            how = (
-                f"killed by {signal.Signals(-code).name}"
-                if code < 0
-                else f"exited with code {code}"
-            )
+            code = attempt.proc.returncode or 0  # set: finished() saw it exit
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
             return Outcome(
                 JobStatus.failed, "runner_died", f"runner {how} before reporting", retryable=True
             )
@@ -282,10 +299,11 @@ class Supervisor:
         if "preempted" in record:  # someone sent SIGTERM: it checkpointed and stopped
             return Outcome(JobStatus.queued, "preempted", f"preempted: {record['preempted']}")
         error = record["error"]
+        ranks = f" ({error['ranks']})" if error.get("ranks") else ""
         return Outcome(
             JobStatus.failed,
             error["code"],
-            f"{error['type']}: {error['message']}"[:2000],
+            f"{error['type']}: {error['message']}{ranks}"[:2000],
             error=error,
             retryable=error["retryable"],
         )
@@ -300,6 +318,8 @@ class Supervisor:
             time.sleep(0.05)
         catalog.worker_stopped(self.engine, self.worker_id)
         self.engine.dispose()
+        if self.zygote is not None:
+            self.zygote.close()
 
     def _runner_env(self) -> dict[str, str]:
         """The runner reads the same settings as this worker (absolute paths: cwd may differ)."""

@@ -41,6 +41,8 @@ KEEP_CHECKPOINTS = 2
 # DDP ranks agree on "stop now?" every this many steps (one tiny all-reduce each time).
 STOP_CHECK_EVERY_STEPS = 20
 MODEL_FILE = "model.safetensors"
+# The runner's reporter keeps here the last step whose metric points are in the database.
+FLUSHED_MARKER = ".runner/metrics-flushed"
 
 
 class Sink(Protocol):
@@ -110,7 +112,7 @@ def train(
     torch.manual_seed(spec.seed)  # the same initial weights on every rank and strategy
     model = recipe.build_model(params).to(device)
     optimizer = _optimizer(spec, model)
-    at = _resume(spec, model, optimizer, device, rank)
+    at, reported = _resume(spec, model, optimizer, device, rank)
 
     wrapped: nn.Module = model
     if distributed:
@@ -131,6 +133,8 @@ def train(
     total_steps = steps_per_epoch * spec.epochs
     bf16 = spec.precision == "bf16"
     reporter = _Reporter(sink, spec, total_steps, at.step) if rank == 0 else None
+    if reporter is not None:
+        reporter.resend(reported)
     step = at.step
 
     result: dict[str, float] = {}
@@ -158,17 +162,17 @@ def train(
                 reporter.step(epoch + 1, step, loss)
             if _should_stop(step, distributed, device):
                 totals = _global_totals(loss_sum, seen, distributed)
-                if rank == 0:
+                if reporter is not None:
                     where = _Position(epoch, batch, step, *totals.tolist())
-                    _save_checkpoint(spec, model, optimizer, where)
+                    _save_checkpoint(spec, model, optimizer, where, reporter)
                 raise Preempted(f"stopped at epoch {epoch + 1}, batch {batch}, step {step}")
         totals = _global_totals(loss_sum, seen, distributed)
-        if rank == 0:
-            result = _end_of_epoch(
-                spec, recipe, model, optimizer, val_set, device, epoch, step, totals
-            )
-            assert reporter is not None
+        if reporter is not None:
+            result = _epoch_metrics(recipe, model, optimizer, val_set, device, totals)
             reporter.epoch(epoch + 1, step, result)
+            done = epoch + 1
+            if done % spec.checkpoint_every == 0 or done == spec.epochs:
+                _save_checkpoint(spec, model, optimizer, _Position(done, 0, step), reporter)
     if rank == 0:
         _atomic_save(
             lambda p: save_file(_cpu_state(model), str(p)), Path(spec.job_dir) / MODEL_FILE
@@ -238,15 +242,12 @@ def evaluate(
     return {f"val/{k}": v / max(n, 1) for k, v in totals.items()}
 
 
-def _end_of_epoch(
-    spec: RunSpec,
+def _epoch_metrics(
     recipe: Recipe,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     val_set: Any,
     device: torch.device,
-    epoch: int,
-    step: int,
     totals: torch.Tensor,
 ) -> dict[str, float]:
     total, count = totals.tolist()
@@ -255,9 +256,6 @@ def _end_of_epoch(
         "train/lr": optimizer.param_groups[0]["lr"],
     }
     metrics.update(evaluate(recipe, model, val_set, device))
-    done = epoch + 1
-    if done % spec.checkpoint_every == 0 or done == spec.epochs:
-        _save_checkpoint(spec, model, optimizer, _Position(done, 0, step))
     return metrics
 
 
@@ -293,7 +291,11 @@ class _Position:
 
 
 def _save_checkpoint(
-    spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, at: _Position
+    spec: RunSpec,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    at: _Position,
+    reporter: _Reporter,
 ) -> None:
     state = {
         "model": _cpu_state(model),  # the unwrapped module: loads without DDP/DP
@@ -302,6 +304,9 @@ def _save_checkpoint(
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "spec": {k: v for k, v in spec.__dict__.items() if k != "extra"},
+        # Metric points not yet confirmed in the database: a kill before they get there
+        # must not leave a gap, so a resumed run sends them again (repeats are ignored).
+        "metrics": reporter.unconfirmed(),
     }
     # Names sort in training order, so the newest checkpoint is the last one.
     path = spec.checkpoint_dir / f"epoch-{at.epoch:06d}-batch-{at.batch:08d}.pt"
@@ -316,8 +321,8 @@ def _resume(
     optimizer: torch.optim.Optimizer,
     device: torch.device,
     rank: int,
-) -> _Position:
-    """Load the newest readable checkpoint, if any; returns where to continue."""
+) -> tuple[_Position, list[dict[str, Any]]]:
+    """Load the newest readable checkpoint, if any: where to continue, metrics to resend."""
     for path in sorted(spec.checkpoint_dir.glob("epoch-*.pt"), reverse=True):
         try:
             state = torch.load(path, map_location=device, weights_only=True)
@@ -333,8 +338,8 @@ def _resume(
         log.info("job %s: resuming from %s", spec.job_id, path.name)
         if rank != 0:  # the epoch's loss so far is carried by rank 0 alone
             at = _Position(at.epoch, at.batch, at.step)
-        return at
-    return _Position()
+        return at, state.get("metrics", [])
+    return _Position(), []
 
 
 class _Reporter:
@@ -348,6 +353,23 @@ class _Reporter:
         self.last_step = step
         self.loss: float | None = None
         self.samples_per_s: float | None = None
+        self.unsaved: list[dict[str, Any]] = []  # metric points, in step order
+        self.flushed_marker = Path(spec.job_dir) / FLUSHED_MARKER
+
+    def resend(self, points: list[dict[str, Any]]) -> None:
+        """Report again what the checkpoint we resume from had not seen stored."""
+        self.unsaved = list(points)
+        for point in points:
+            self._send("metric", point)
+
+    def unconfirmed(self) -> list[dict[str, Any]]:
+        """Points the database may not have yet (after the step the reporter confirmed)."""
+        try:
+            confirmed = int(self.flushed_marker.read_text())
+        except (OSError, ValueError):
+            confirmed = -1
+        self.unsaved = [p for p in self.unsaved if p["step"] > confirmed]
+        return self.unsaved
 
     def _send(self, kind: str, payload: dict[str, Any]) -> None:
         if self.sink is not None:
@@ -392,10 +414,15 @@ class _Reporter:
 
     def _metric(self, name: str, step: int, epoch: int, value: float) -> None:
         if math.isfinite(value):
-            self._send(
-                "metric",
-                {"name": name, "step": step, "epoch": epoch, "value": value, "time": time.time()},
-            )
+            point = {
+                "name": name,
+                "step": step,
+                "epoch": epoch,
+                "value": value,
+                "time": time.time(),
+            }
+            self.unsaved.append(point)
+            self._send("metric", point)
 
 
 def _finite(x: float | None) -> float | None:

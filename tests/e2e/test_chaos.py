@@ -33,7 +33,7 @@ def rank_pids(pgid: int) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+        if pid != pgid and b"resource_tracker" not in cmdline:
             ranks.append(pid)
     return ranks
 
