@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from tests.e2e.conftest import Stack, wait_for
+from tests.stack import Stack, wait_for
 from workers import strategies
 from workers.attempt import group_members
 from workers.training import MODEL_FILE, RunSpec

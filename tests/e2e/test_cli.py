@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, Stack
+from tests.stack import REPO, Stack
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from tests.e2e.conftest import Stack, wait_for
+from tests.stack import Stack, wait_for
 from workers.attempt import group_members
 from workers.recipes import load_recipes
 from workers.training import evaluate

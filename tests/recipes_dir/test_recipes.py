@@ -21,6 +21,7 @@ class TinyParams(BaseModel):
     samples: int = Field(256, ge=2, le=1_000_000)
     sleep_per_step_s: float = Field(0.0, ge=0, le=10, description="Slow each step down.")
     fail: bool = Field(False, description="Print a few lines, then raise.")
+    chatty: int = Field(0, ge=0, le=100, description="Lines printed every step.")
 
 
 def _model(p: TinyParams) -> nn.Module:
@@ -40,17 +41,19 @@ def _data(p: TinyParams, seed: int) -> tuple[TensorDataset, TensorDataset]:
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # the loss has no params argument: _slow_data leaves sleep_per_step_s for it here
-    if _SLOW[0]:
-        time.sleep(_SLOW[0])
+    # the loss has no params argument: _slow_data leaves what it needs in _STEP
+    if _STEP["sleep"]:
+        time.sleep(_STEP["sleep"])
+    for i in range(int(_STEP["chatty"])):
+        print(f"step line {i}")  # noqa: T201
     return nn.functional.mse_loss(out, y)
 
 
-_SLOW = [0.0]
+_STEP = {"sleep": 0.0, "chatty": 0}
 
 
 def _slow_data(p: TinyParams, seed: int) -> tuple[TensorDataset, TensorDataset]:
-    _SLOW[0] = p.sleep_per_step_s
+    _STEP.update(sleep=p.sleep_per_step_s, chatty=p.chatty)
     return _data(p, seed)
 
 

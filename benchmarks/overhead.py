@@ -1,0 +1,96 @@
+"""Trainyard against the bare script, side by side: steady-state samples/s and wall time.
+
+    python -m benchmarks.overhead [--repeats 2]
+
+Steady state: samples per epoch over the median epoch time, first epoch left out (warm-up).
+For Trainyard, epoch ends are the val/loss metric times. Whole run: bare = the script's
+process from start to exit; Trainyard = submit to succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import print_table, save
+from tests.stack import REPO, running_stack
+
+EPOCHS, BATCH, HIDDEN, LAYERS, SAMPLES = 5, 256, 256, 3, 65536
+
+
+def bare(world: int) -> tuple[float, float]:
+    """(steady samples/s, wall s) of the hand-written script."""
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bare_ddp", "--world", str(world),
+         "--epochs", str(EPOCHS), "--batch", str(BATCH), "--hidden", str(HIDDEN),
+         "--layers", str(LAYERS), "--samples", str(SAMPLES)],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    times = json.loads(out.stdout.strip().splitlines()[-1])["epoch_times"]
+    return SAMPLES / statistics.median(times[1:]), wall
+
+
+def trainyard(world: int, tmp: Path) -> tuple[float, float]:
+    """(steady samples/s, submit-to-succeeded s) of the same training as a Trainyard job."""
+    # A worker with one slot per job process, so each process gets the cores the bare
+    # script's processes get.
+    with running_stack(tmp, cpu_slots=world) as stack:
+        stack.start_worker()
+        spec = {
+            "recipe": "mlp-regression", "strategy": "ddp" if world > 1 else "single",
+            "devices": world, "accelerator": "cpu", "epochs": EPOCHS, "batch_size": BATCH,
+            "checkpoint_every": EPOCHS,  # the bare script does not checkpoint either
+            "params": {"hidden": HIDDEN, "layers": LAYERS, "train_samples": SAMPLES},
+        }  # fmt: skip
+        start = time.perf_counter()
+        job = stack.submit(**spec)
+        done = stack.wait_status(job["id"], {"succeeded", "failed"}, 600)
+        wall = time.perf_counter() - start
+        assert done["status"] == "succeeded", done
+        ends = [
+            m["time"]
+            for m in stack.http.get(
+                f"/jobs/{job['id']}/metrics", params={"name": "val/loss"}
+            ).json()
+        ]
+        epoch_times = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        return SAMPLES / statistics.median(epoch_times), wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    for world in (1, 2):
+        runs = []
+        for _ in range(args.repeats):  # alternate, so drift in machine load hits both
+            b = bare(world)
+            with tempfile.TemporaryDirectory() as tmp:
+                t = trainyard(world, Path(tmp))
+            runs.append((b, t))
+        b_rate = statistics.median(r[0][0] for r in runs)
+        t_rate = statistics.median(r[1][0] for r in runs)
+        b_wall = statistics.median(r[0][1] for r in runs)
+        t_wall = statistics.median(r[1][1] for r in runs)
+        rows.append({
+            "strategy": "ddp(2)" if world > 1 else "single",
+            "bare_samples_per_s": b_rate, "trainyard_samples_per_s": t_rate,
+            "throughput_ratio": t_rate / b_rate,
+            "bare_wall_s": b_wall, "trainyard_wall_s": t_wall, "wall_ratio": t_wall / b_wall,
+        })  # fmt: skip
+    print_table(f"overhead (median of {args.repeats}, CPU)", rows)
+    save("overhead", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""A real Trainyard on this machine: `trainyard serve` and workers as processes, for the
+end-to-end tests and the benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from service.migrate import upgrade
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
+RECIPES_DIR = REPO / "tests" / "recipes_dir"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    check: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.05
+) -> T:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(every_s)
+
+
+@dataclass
+class Stack:
+    url: str
+    env: dict[str, str]
+    tmp: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Any] = field(default_factory=list)
+    http: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.http = httpx.Client(base_url=self.url + "/api/v1", timeout=10)
+
+    def start(
+        self, *args: str, log_name: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{log_name}.log", "ab")  # noqa: SIM115 (closed at teardown)
+        self.logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", *args],
+            env={**self.env, **(env or {})},
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, worker_id: str = "e2e", **settings: object) -> subprocess.Popen[bytes]:
+        """Start a worker (settings as TRAINYARD_* variables) and wait until it registered."""
+        env = {f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()}
+        proc = self.start(
+            "worker", "--worker-id", worker_id, log_name=f"worker-{worker_id}", env=env
+        )
+        wait_for(
+            lambda: any(
+                w["id"] == worker_id and w["alive"] and w["pid"] == proc.pid
+                for w in self.http.get("/workers").json()
+            ),
+            60,
+            f"worker {worker_id} to register",
+        )
+        return proc
+
+    def db(self) -> sqlite3.Connection:
+        """The stack's database, for facts the API does not show (process group ids)."""
+        return sqlite3.connect(self.env["TRAINYARD_DATABASE_URL"].removeprefix("sqlite:///"))
+
+    def runner_pgid(self, job_id: int) -> int:
+        with contextlib.closing(self.db()) as conn:
+            (pgid,) = conn.execute("SELECT runner_pgid FROM job WHERE id = ?", (job_id,)).fetchone()
+        assert pgid is not None, f"job {job_id} has no runner"
+        return int(pgid)
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self.http.get(f"/jobs/{job_id}").json()  # type: ignore[no-any-return]
+
+    def submit(self, **spec: Any) -> dict[str, Any]:
+        r = self.http.post("/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    def wait_status(
+        self, job_id: int, statuses: set[str], timeout_s: float = 120
+    ) -> dict[str, Any]:
+        return wait_for(
+            lambda: (j := self.job(job_id))["status"] in statuses and j,
+            timeout_s,
+            f"job {job_id} to reach {statuses}",
+        )
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def running_stack(tmp: Path, **settings: object) -> Iterator[Stack]:
+    """API server on a free port (settings as TRAINYARD_* variables); workers are started
+    by the caller. Everything is stopped on exit."""
+    db = tmp / "trainyard.db"
+    upgrade(f"sqlite:///{db}")
+    port = free_port()
+    env = {
+        **os.environ,
+        "TRAINYARD_DATABASE_URL": f"sqlite:///{db}",
+        "TRAINYARD_DATA_DIR": str(tmp / "data"),
+        "TRAINYARD_PORT": str(port),
+        "TRAINYARD_RECIPES_DIR": str(RECIPES_DIR),
+        "TRAINYARD_CPU_SLOTS": "2",
+        "PYTHONPATH": str(REPO),
+        **{f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()},
+    }
+    env.pop("TRAINYARD_API_TOKEN", None)
+    s = Stack(url=f"http://127.0.0.1:{port}", env=env, tmp=tmp)
+    s.start("serve", log_name="serve")
+    try:
+        wait_for(lambda: _healthy(s.url), 30, "the API to answer /healthz")
+        yield s
+    finally:
+        for proc in reversed(s.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a test may have stopped it
+                proc.send_signal(signal.SIGTERM)
+        for proc in s.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in s.logs:
+            log.close()
+        s.http.close()
