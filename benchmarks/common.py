@@ -34,8 +34,8 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     """A plain fixed-width table."""
     if not rows:
         return
-    cols = list(rows[0])
-    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    cols = list(dict.fromkeys(k for row in rows for k in row))
+    cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print(f"\n## {title}")
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))

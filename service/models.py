@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import ConfigDict
-from sqlalchemy import JSON, DateTime, Index, String, TypeDecorator
+from sqlalchemy import JSON, DateTime, Index, String, TypeDecorator, column, desc
 from sqlmodel import Field, SQLModel
 
 
@@ -145,7 +145,10 @@ class Job(JobBase, table=True):
 
     __tablename__ = "job"
     __table_args__ = (
-        Index("ix_job_claim", "status", "priority", "id"),
+        # The claim's order (priority DESC, id ASC), so a claim reads one index entry
+        # instead of sorting the queue; and the listing's (newest first, by status).
+        Index("ix_job_claim", "status", desc(column("priority")), "id"),
+        Index("ix_job_status_id", "status", "id"),
         Index("ix_job_worker", "worker_id", "status"),
     )
 

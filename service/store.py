@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
@@ -194,17 +194,64 @@ def cancel_job(engine: Engine, job_id: int) -> Job:
 # --- claim, heartbeat, report, finish (worker side) -----------------------------------
 
 
-def _claimable(free_devices: int, accelerator: str, recipes: list[str]) -> list[Any]:
-    """The conditions a queued job must meet for a worker to take it."""
-    accelerators = [Accelerator.auto, Accelerator.cpu]
-    if accelerator == "cuda":
-        accelerators.append(Accelerator.cuda)
-    return [
-        Job.status == S.queued,
-        col(Job.devices) <= free_devices,
-        col(Job.accelerator).in_(accelerators),
-        col(Job.recipe).in_(recipes),
+# The claim's SQL, built once. A claim runs these prebuilt statements with fresh
+# parameters, which skips SQLAlchemy's statement construction: most of a claim's cost.
+_job = Job.__table__  # type: ignore[attr-defined]
+
+
+def _claimable(devices: str, *, runnable: bool = True) -> list[Any]:
+    """What a queued job must meet for a worker to take it (``devices``: the param name)."""
+    where = [
+        _job.c.status == S.queued,
+        _job.c.devices <= bindparam(devices),
+        _job.c.accelerator.in_(bindparam("accelerators", expanding=True)),
+        _job.c.recipe.in_(bindparam("recipes", expanding=True)),
     ]
+    if runnable:  # not waiting out a retry back-off
+        where.append(or_(_job.c.run_after.is_(None), _job.c.run_after <= bindparam("now")))
+    return where
+
+
+# PostgreSQL: FOR UPDATE SKIP LOCKED passes over rows another worker is claiming instead of
+# queueing behind it. SQLite ignores it; there the IMMEDIATE transaction serialises claims.
+_OLDEST = (
+    select(_job.c.id, _job.c.devices, _job.c.created_at)
+    .where(*_claimable("total"))
+    .order_by(_job.c.id)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+)
+_BEST = (
+    select(_job.c.id)
+    .where(*_claimable("free"))
+    .order_by(_job.c.priority.desc(), _job.c.id)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+)
+_TAKE = (
+    update(_job)
+    .where(_job.c.id == bindparam("target"), _job.c.status == S.queued)
+    .values(
+        status=S.running,
+        worker_id=bindparam("worker"),
+        lease_token=bindparam("token"),
+        lease_expires_at=bindparam("expires"),
+        started_at=bindparam("now"),
+        finished_at=None,
+        progress=None,
+        reason_code="running",
+        reason_message=bindparam("message"),
+    )
+    .returning(*_job.c)
+)
+_PENDING = select(func.count()).select_from(_job).where(*_claimable("total", runnable=False))
+
+
+def _accelerators(accelerator: str) -> list[Accelerator]:
+    """Job accelerators a worker with ``accelerator`` devices can serve."""
+    if accelerator == "cuda":
+        return [Accelerator.auto, Accelerator.cpu, Accelerator.cuda]
+    return [Accelerator.auto, Accelerator.cpu]
 
 
 def claim_job(
@@ -227,69 +274,46 @@ def claim_job(
     if free_devices < 1 or not recipes:
         return None
     now = utcnow()
-    runnable = or_(col(Job.run_after).is_(None), col(Job.run_after) <= now)
-    order = (col(Job.priority).desc(), col(Job.id).asc())
+    params = {
+        "free": free_devices,
+        "total": total_devices or free_devices,
+        "accelerators": _accelerators(accelerator),
+        "recipes": recipes,
+        "now": now,
+    }
     with write_session(engine) as session:
+        target = None
         if reserve_after_s is not None:
-            starving = session.exec(
-                select(Job.id, Job.devices)
-                .where(
-                    *_claimable(total_devices or free_devices, accelerator, recipes),
-                    runnable,
-                    col(Job.created_at) < now - timedelta(seconds=reserve_after_s),
-                )
-                .order_by(*order)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            ).first()
-            if starving is not None and starving[1] > free_devices:
-                return None  # hold what is free for the starving job
-        candidate = (
-            select(Job.id)
-            .where(*_claimable(free_devices, accelerator, recipes), runnable)
-            .order_by(*order)
-            .limit(1)
-            # PostgreSQL: skip rows another worker is claiming instead of queueing behind
-            # it. SQLite ignores this; there the IMMEDIATE transaction serialises claims.
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-        rows = (
-            session.exec(
-                update(Job)
-                .where(Job.id == candidate, Job.status == S.queued)
-                .values(
-                    status=S.running,
-                    worker_id=worker_id,
-                    lease_token=secrets.token_hex(16),
-                    lease_expires_at=now + timedelta(seconds=lease_s),
-                    started_at=now,
-                    finished_at=None,
-                    progress=None,
-                    reason_code="running",
-                    reason_message=f"attempt running on {worker_id}",
-                )
-                .returning(Job)
-                .execution_options(synchronize_session=False, populate_existing=True)
-            )
-            .scalars()
-            .all()
-        )
-        if len(rows) > 1:  # pragma: no cover - the WHERE id = (one id) makes this impossible
-            raise RuntimeError(f"claim changed {len(rows)} rows")
-        return rows[0] if rows else None
+            # The job waiting longest is the oldest one (ids grow with time); if even it
+            # has not waited reserve_after_s, no job is starving.
+            oldest = session.execute(_OLDEST, params).first()
+            if oldest is not None and oldest.created_at < now - timedelta(seconds=reserve_after_s):
+                if oldest.devices > free_devices:
+                    return None  # hold what is free until the starving job fits
+                target = oldest.id  # it goes first, whatever its priority
+        if target is None:
+            target = session.execute(_BEST, params).scalar()
+        if target is None:
+            return None
+        row = session.execute(
+            _TAKE,
+            {
+                "target": target,
+                "worker": worker_id,
+                "token": secrets.token_hex(16),
+                "expires": now + timedelta(seconds=lease_s),
+                "now": now,
+                "message": f"attempt running on {worker_id}",
+            },
+        ).one_or_none()  # exactly one row, or none: WHERE id = one id AND still queued
+        return Job(**row._mapping) if row is not None else None
 
 
 def pending_count(engine: Engine, *, max_devices: int, accelerator: str, recipes: list[str]) -> int:
     """Queued jobs this worker could ever run, including ones waiting out a retry back-off."""
+    params = {"total": max_devices, "accelerators": _accelerators(accelerator), "recipes": recipes}
     with read_session(engine) as session:
-        return int(
-            session.exec(
-                select(func.count())
-                .select_from(Job)
-                .where(*_claimable(max_devices, accelerator, recipes))
-            ).scalar_one()
-        )
+        return int(session.execute(_PENDING, params).scalar_one())
 
 
 def record_start(engine: Engine, fence: Fence, *, devices: list[int], pgid: int) -> bool:
@@ -431,10 +455,18 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
 
 
 def _requeue(
-    session: Session, job: Job, now: datetime, common: dict[str, Any], **values: Any
+    session: Session,
+    job: Job,
+    now: datetime,
+    common: dict[str, Any],
+    *,
+    back_off: bool = True,
+    **values: Any,
 ) -> Job | None:
+    """Queue the next attempt; after a back-off when the job itself failed."""
     assert job.id is not None
     delay = min(RETRY_BACKOFF_BASE_S * 2 ** (job.attempt - 1), RETRY_BACKOFF_MAX_S)
+    delay = delay if back_off else 0.0
     message = f"{common['reason_message']} (attempt {job.attempt} of {job.max_attempts}; retrying)"
     return _transition(
         session,
@@ -519,7 +551,8 @@ def _abandon(engine: Engine, where: list[Any], code: str, message: str) -> list[
             if job.status == S.cancelling:
                 done = _transition(session, job.id, S.cancelled, finished_at=now, **common)
             elif job.attempt < job.max_attempts:
-                done = _requeue(session, job, now, common)
+                # the worker failed, not the job: no reason to wait before the next attempt
+                done = _requeue(session, job, now, common, back_off=False)
             else:
                 done = _transition(session, job.id, S.failed, finished_at=now, **common)
             if done is not None:

@@ -1,0 +1,21 @@
+"""`make bench`: every benchmark in turn (tables on stdout, JSON in benchmarks/results/)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHMARKS = [
+    "footprint",
+    "claims",
+    "listing",
+    "latency",
+    "overhead",
+    "api",
+    "contention",
+    "recovery",
+]
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or BENCHMARKS:
+        subprocess.run([sys.executable, "-m", f"benchmarks.{name}"], check=True)

@@ -1,0 +1,86 @@
+"""API throughput and latency: POST /jobs and GET /jobs/{id} under 1, 16 and 64 clients.
+
+    python -m benchmarks.api [--seconds 10]
+
+Load comes from wrk (Debian package `wrk`) on the same two cores as the server, with a
+worker running and busy (its slots held by a slow job, so submits stay queued).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import print_table, save
+from tests.stack import Stack, running_stack, wait_for
+
+JOB = {"recipe": "mlp-regression", "epochs": 1}
+BUSY = {
+    "recipe": "tiny", "strategy": "ddp", "devices": 2, "epochs": 100000,
+    "params": {"sleep_per_step_s": 0.05},
+}  # fmt: skip
+POST_LUA = """
+wrk.method = "POST"
+wrk.body = '{body}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def wrk(url: str, clients: int, seconds: float, script: Path | None) -> dict[str, Any]:
+    cmd = ["wrk", "-t", "2" if clients > 1 else "1", "-c", str(clients), "-d", f"{max(1, round(seconds))}s"]
+    cmd += ["--latency", "--timeout", "10s", *(["-s", str(script)] if script else []), url]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "p50_ms": _ms(lat["50"]),
+        "p99_ms": _ms(lat["99"]),
+        "errors": int(errors.group(1)) if errors else 0,
+        "socket_errors": socket_errors.group(1) if socket_errors else "none",
+    }
+
+
+def _ms(value: str) -> float:
+    number, unit = re.match(r"([\d.]+)(\w+)", value).groups()  # type: ignore[union-attr]
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def run(stack: Stack, seconds: float) -> list[dict[str, Any]]:
+    stack.start_worker()
+    busy = stack.submit(**BUSY)
+    wait_for(lambda: stack.job(busy["id"])["status"] == "running", 60, "the worker busy")
+    script = stack.tmp / "post.lua"
+    script.write_text(POST_LUA.format(body=json.dumps(JOB)))
+    probe = stack.submit(**JOB)
+    rows = []
+    for clients in (1, 16, 64):
+        post = wrk(f"{stack.url}/api/v1/jobs", clients, seconds, script)
+        get = wrk(f"{stack.url}/api/v1/jobs/{probe['id']}", clients, seconds, None)
+        rows.append({"clients": clients, **{f"post_{k}": v for k, v in post.items()},
+                     **{f"get_{k}": v for k, v in get.items()}})  # fmt: skip
+    stack.http.post(f"/jobs/{busy['id']}/cancel")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("needs wrk: apt-get install wrk")
+    with tempfile.TemporaryDirectory() as tmp, running_stack(Path(tmp)) as stack:
+        rows = run(stack, args.seconds)
+    print_table("API (wrk, same 2 cores)", rows)
+    save("api", rows)
+
+
+if __name__ == "__main__":
+    main()

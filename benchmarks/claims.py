@@ -1,0 +1,76 @@
+"""Claims at the SQL level: two processes claiming from 10,000 queued jobs.
+
+python -m benchmarks.claims [--jobs 10000] [--processes 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert
+
+from benchmarks.common import print_table, save
+from service import store
+from service.db import make_engine, write_session
+from service.migrate import upgrade
+from service.models import Job, JobCreate
+
+CLAIM = {"free_devices": 1, "total_devices": 1, "accelerator": "cpu", "recipes": ["r"],
+         "lease_s": 60.0, "reserve_after_s": 600.0}  # fmt: skip
+
+
+def claimer(url: str, name: str, start: Any, out: Any) -> None:
+    engine = make_engine(url)
+    start.wait()
+    got = []
+    while (job := store.claim_job(engine, worker_id=name, **CLAIM)) is not None:
+        got.append(job.id)
+    out.put((name, got, time.perf_counter()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'claims.db'}"
+        upgrade(url)
+        row = Job.model_validate(JobCreate(recipe="r").model_dump()).model_dump(exclude={"id"})
+        with write_session(make_engine(url)) as session:
+            session.execute(insert(Job), [row] * args.jobs)
+        ctx = mp.get_context("spawn")
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(target=claimer, args=(url, f"w{i}", start, out))
+            for i in range(args.processes)
+        ]
+        for p in procs:
+            p.start()
+        time.sleep(3)  # let every process import and connect before the clock starts
+        began = time.perf_counter()
+        start.set()
+        results = [out.get() for _ in procs]
+        for p in procs:
+            p.join()
+    ended = max(r[2] for r in results)
+    claimed = [i for r in results for i in r[1]]
+    result = {
+        "processes": args.processes,
+        "jobs": args.jobs,
+        "claimed": len(claimed),
+        "double_claims": len(claimed) - len(set(claimed)),
+        "claims_per_s": len(claimed) / (ended - began),
+        "per_process": {r[0]: len(r[1]) for r in results},
+    }
+    print_table("claims (SQLite)", [result])
+    save("claims", result)
+
+
+if __name__ == "__main__":
+    main()

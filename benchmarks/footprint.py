@@ -1,0 +1,58 @@
+"""Footprint: API start time and memory (it must never import torch), idle worker memory.
+
+python -m benchmarks.footprint
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import print_table, save
+from tests.stack import running_stack, wait_for
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        began = time.perf_counter()
+        with running_stack(Path(tmp)) as stack:
+            api_start = time.perf_counter() - began  # process start to /healthz answering
+            api = stack.procs[0]
+            maps = Path(f"/proc/{api.pid}/maps").read_text()
+            worker = stack.start_worker()
+            time.sleep(2)  # idle: the zygote has preloaded, nothing runs
+            zygotes = wait_for(lambda: children(worker.pid), 10, "the zygote")
+            result = {
+                "api_start_s": api_start,
+                "api_rss_mb": rss_mb(api.pid),
+                "api_loaded_torch": "libtorch" in maps,
+                "worker_rss_mb": rss_mb(worker.pid),
+                "zygote_rss_mb": sum(rss_mb(p) for p in zygotes),
+            }
+    print_table("footprint", [result])
+    save("footprint", result)
+
+
+if __name__ == "__main__":
+    main()
