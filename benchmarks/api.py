@@ -66,7 +66,8 @@ def run(stack: Stack, seconds: float) -> list[dict[str, Any]]:
         get = wrk(f"{stack.url}/api/v1/jobs/{probe['id']}", clients, seconds, None)
         rows.append({"clients": clients, **{f"post_{k}": v for k, v in post.items()},
                      **{f"get_{k}": v for k, v in get.items()}})  # fmt: skip
-    stack.http.post(f"/jobs/{busy['id']}/cancel")
+        print(rows[-1], flush=True)
+    stack.http.post(f"/jobs/{busy['id']}/cancel", timeout=120)
     return rows
 
 

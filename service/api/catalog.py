@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import SessionDep
-from service.catalog import list_workers, recipe_catalog
+from service.api.deps import CatalogDep, SessionDep
+from service.catalog import list_workers
 from service.models import RecipeRead, WorkerRead
 
 router = APIRouter()
 
 
 @router.get("/recipes", tags=["recipes"], summary="List recipes and their params schema")
-def get_recipes(session: SessionDep) -> list[RecipeRead]:
+def get_recipes(catalog: CatalogDep) -> list[RecipeRead]:
     """Recipes the registered workers offer, each with the JSON schema of its params."""
-    return sorted(recipe_catalog(session).values(), key=lambda r: r.name)
+    return sorted(catalog.recipes.values(), key=lambda r: r.name)
 
 
 @router.get("/workers", tags=["workers"], summary="List workers, their devices and jobs")

@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from service.catalog import Catalog
 from service.settings import Settings
 
 
@@ -27,7 +28,15 @@ def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Sess
         yield session
 
 
+def get_catalog(request: Request, engine: Annotated[Engine, Depends(get_engine)]) -> Catalog:
+    # A session of its own, closed at once: a submit then holds no connection while it
+    # waits for the write lock (holding one there can exhaust the pool and deadlock).
+    with Session(engine) as session:
+        return request.app.state.catalog.get(session)
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+CatalogDep = Annotated[Catalog, Depends(get_catalog)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SessionDep = Annotated[Session, Depends(get_session)]
 

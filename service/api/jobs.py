@@ -9,7 +9,7 @@ from fastapi.responses import FileResponse
 from sqlmodel import col, select
 
 from service import store
-from service.api.deps import EngineDep, SessionDep, SettingsDep
+from service.api.deps import CatalogDep, EngineDep, SessionDep, SettingsDep
 from service.artifacts import artifact_path, list_artifacts
 from service.catalog import check_spec, waiting_reason
 from service.models import (
@@ -37,15 +37,14 @@ def submit_job(
     spec: Annotated[JobCreate, Body(openapi_examples={"ddp": {"value": JOB_EXAMPLE}})],
     response: Response,
     engine: EngineDep,
-    session: SessionDep,
+    catalog: CatalogDep,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=200, description="Retries with the same key return the same job."),
     ] = None,
 ) -> JobRead:
     """Validate a job spec against the recipe catalog and enqueue it."""
-    reason = check_spec(session, spec)
-    session.rollback()  # end the read transaction before the write one begins
+    reason = check_spec(catalog, spec)
     job, created = store.create_job(engine, spec, idempotency_key=idempotency_key, reason=reason)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     if not created:
@@ -68,12 +67,12 @@ def list_jobs(
 
 
 @router.get("/{job_id}", summary="Get a job's status, reason and progress")
-def get_job(job_id: int, session: SessionDep) -> JobRead:
+def get_job(job_id: int, session: SessionDep, catalog: CatalogDep) -> JobRead:
     """One job, with its live progress and, while queued, its place in the queue."""
     job = store.get_job(session, job_id)
     read = JobRead.from_row(job, store.queue_position(session, job))
     if read.queue_position is not None:
-        read.reason = waiting_reason(session, job, read.queue_position)
+        read.reason = waiting_reason(catalog, job, read.queue_position)
     return read
 
 
