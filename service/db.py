@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -26,16 +27,13 @@ def make_engine(settings_or_url: Settings | str) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
 
+    pool: dict[str, Any] = {}
     if parsed.database and parsed.database != ":memory:":
-        from pathlib import Path
-
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(
-        url,
-        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
         # as many connections as the API's thread pool has threads: SQLite's are cheap
-        pool_size=40,
-        max_overflow=10,
+        pool = {"pool_size": 40, "max_overflow": 10}
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}, **pool
     )
 
     @event.listens_for(engine, "connect")
