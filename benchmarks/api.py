@@ -33,7 +33,8 @@ wrk.headers["Content-Type"] = "application/json"
 
 
 def wrk(url: str, clients: int, seconds: float, script: Path | None) -> dict[str, Any]:
-    cmd = ["wrk", "-t", "2" if clients > 1 else "1", "-c", str(clients), "-d", f"{max(1, round(seconds))}s"]
+    threads = "2" if clients > 1 else "1"
+    cmd = ["wrk", "-t", threads, "-c", str(clients), "-d", f"{max(1, round(seconds))}s"]
     cmd += ["--latency", "--timeout", "10s", *(["-s", str(script)] if script else []), url]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     lat = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)", out, re.M))
