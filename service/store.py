@@ -259,6 +259,7 @@ def claim_job(
     recipes: list[str],
     lease_s: float,
     reserve_after_s: float | None = None,
+    peek: bool = False,
 ) -> Job | None:
     """Atomically take the best queued job that fits, or None. Exactly one worker wins.
 
@@ -276,6 +277,10 @@ def claim_job(
         "recipes": recipes,
         "now": now,
     }
+    if peek:  # an idle worker's poll mostly finds nothing: look before taking the write lock
+        with read_session(engine) as session:
+            if session.execute(_BEST, params).first() is None:
+                return None
     with write_session(engine) as session:
         target = None
         if reserve_after_s is not None:

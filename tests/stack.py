@@ -94,10 +94,15 @@ class Stack:
         return sqlite3.connect(self.env["TRAINYARD_DATABASE_URL"].removeprefix("sqlite:///"))
 
     def runner_pgid(self, job_id: int) -> int:
-        with contextlib.closing(self.db()) as conn:
-            (pgid,) = conn.execute("SELECT runner_pgid FROM job WHERE id = ?", (job_id,)).fetchone()
-        assert pgid is not None, f"job {job_id} has no runner"
-        return int(pgid)
+        """The process group of the job's runner (recorded just after the claim)."""
+
+        def recorded() -> int | None:
+            with contextlib.closing(self.db()) as conn:
+                query = "SELECT runner_pgid FROM job WHERE id = ?"
+                (pgid,) = conn.execute(query, (job_id,)).fetchone()
+            return int(pgid) if pgid is not None else None
+
+        return wait_for(recorded, 10, f"job {job_id}'s runner")
 
     def job(self, job_id: int) -> dict[str, Any]:
         return self.http.get(f"/jobs/{job_id}").json()  # type: ignore[no-any-return]

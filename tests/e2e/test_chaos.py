@@ -193,3 +193,14 @@ def test_small_jobs_share_the_box_and_a_big_one_waits_with_a_reason(stack: Stack
     done = [stack.wait_status(j["id"], {"succeeded", "failed"}) for j in (one, two, big)]
     assert [d["status"] for d in done] == ["succeeded"] * 3
     assert done[2]["started_at"] >= max(done[0]["finished_at"], done[1]["finished_at"])
+
+
+def test_an_attempt_whose_step_stops_moving_is_ended(stack: Stack) -> None:
+    stack.start_worker(stall_timeout_s=3, kill_grace_s=1)
+    hung = {"samples": 1024, "sleep_per_step_s": 9.0}  # one step outlasts the watchdog
+    job = stack.submit(recipe="tiny", devices=1, epochs=1, params=hung, max_attempts=1)
+    wait_for(lambda: stack.job(job["id"])["status"] == "running", 30, "the job to start")
+    pgid = stack.runner_pgid(job["id"])
+    done = stack.wait_status(job["id"], {"succeeded", "failed"}, 60)
+    assert done["status"] == "failed" and done["reason"]["code"] == "stalled"
+    assert group_members(pgid) == []

@@ -137,3 +137,18 @@ def test_expired_lease_requeues_with_worker_lost(engine: Engine) -> None:
     job = store.load_job(engine, job_id)
     assert job.status == JobStatus.queued and job.attempt == 2 and job.reason_code == "worker_lost"
     assert not store.report(engine, fence, progress={"step": 1})  # the old owner is fenced out
+
+
+def test_a_job_waiting_past_the_reservation_time_cannot_be_overtaken(engine: Engine) -> None:
+    big = enqueue(engine, devices=2)
+    small = enqueue(engine)
+    fits = {"total_devices": 2, "free_devices": 1, "reserve_after_s": 3600.0}
+    first = claim(engine, **fits)  # big is young: the small job may run ahead
+    assert first is not None and first.job_id == small
+    store.finish_attempt(engine, first, Outcome(JobStatus.succeeded, "succeeded", "trained"))
+    late = enqueue(engine)
+    starving = {**fits, "reserve_after_s": 0.0}  # now big has waited "long enough"
+    assert claim(engine, **starving) is None  # one device free: held for big, not given to late
+    taken = claim(engine, **{**starving, "free_devices": 2})
+    assert taken is not None and taken.job_id == big
+    assert store.load_job(engine, late).status == JobStatus.queued
