@@ -11,6 +11,7 @@ BENCHMARKS = [
     "listing",
     "latency",
     "overhead",
+    "reporting",
     "api",
     "contention",
     "recovery",

@@ -75,13 +75,17 @@ def run(stack: Stack, seconds: float) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--api-workers", type=int, default=1, help="API server processes")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install wrk")
-    with tempfile.TemporaryDirectory() as tmp, running_stack(Path(tmp)) as stack:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_stack(Path(tmp), api_workers=args.api_workers) as stack,
+    ):
         rows = run(stack, args.seconds)
-    print_table("API (wrk, same 2 cores)", rows)
-    save("api", rows)
+    print_table(f"API (wrk, same 2 cores, {args.api_workers} server process(es))", rows)
+    save(f"api-{args.api_workers}-process", rows)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,19 @@ def serve() -> None:
 
     settings = Settings()
     settings.require_safe_bind()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    if settings.api_workers == 1:
+        app = create_app(settings)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+        return
+    # Several processes: each builds its app from the same environment.
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        workers=settings.api_workers,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+    )
 
 
 @app.command()

@@ -28,6 +28,7 @@ class Settings(BaseSettings):
         None, ge=1, description="Device slots of a worker without GPUs; default the core count."
     )
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger requests get 413.")
+    api_workers: int = Field(1, ge=1, le=64, description="API server processes.")
 
     # Worker knobs (seconds).
     lease_s: float = Field(
