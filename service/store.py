@@ -18,7 +18,7 @@ from sqlalchemy import Engine, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
-from service.db import is_sqlite, read_session, write_session
+from service.db import read_session, write_session
 from service.errors import IdempotencyConflict, InvalidTransition, JobNotFound
 from service.models import (
     Accelerator,
@@ -370,8 +370,10 @@ def report(
         if owned is None:
             return False
         if metrics:
+            # executemany of one prebuilt statement: the driver loops in C. A multi-row
+            # VALUES statement would be compiled anew for every batch size.
             rows = [{"job_id": fence.job_id, **m} for m in metrics]
-            session.execute(_insert_ignore(engine, Metric).values(rows))
+            session.execute(_INSERT_METRIC[engine.dialect.name], rows)
         return True
 
 
@@ -567,10 +569,11 @@ def active_jobs_of(engine: Engine, worker_id: str) -> list[Job]:
         return list(session.exec(query).scalars())
 
 
-def _insert_ignore(engine: Engine, model: Any) -> Any:
-    """INSERT that skips rows whose primary key exists (a resumed run re-reports a step)."""
-    dialect = sqlite if is_sqlite(engine) else postgresql
-    return dialect.insert(model.__table__).on_conflict_do_nothing()
+# INSERT that skips points whose (job, name, step) exists: a resumed run re-reports some.
+_INSERT_METRIC = {
+    "sqlite": sqlite.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]
+    "postgresql": postgresql.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]
+}
 
 
 def load_job(engine: Engine, job_id: int) -> Job:

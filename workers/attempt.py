@@ -43,6 +43,8 @@ class Attempt:
         self.kill_at: float | None = None
         self.last_step: int | None = None  # progress watchdog: the step last seen ...
         self.last_advance = self.started  # ... and when it last moved
+        self.pids_seen: set[int] = set()  # every process of the group, for the GPU check
+        self.gpu_wait_since: float | None = None
         self._lines: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
         self._pumps = [
@@ -154,7 +156,9 @@ class Attempt:
 
     def alive(self) -> bool:
         """Whether any process of the attempt's group is still running (zombies aside)."""
-        return bool(group_members(self.pgid))
+        members = group_members(self.pgid)
+        self.pids_seen.update(members)
+        return bool(members)
 
     def finished(self) -> bool:
         """The runner exited and no process of its group remains."""

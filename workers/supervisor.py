@@ -22,6 +22,7 @@ from service.models import JobStatus, Worker
 from service.settings import Settings
 from service.store import Outcome
 from workers import devices as device_info
+from workers import gpu
 from workers.attempt import Attempt, kill_leftovers
 from workers.recipes import load_recipes
 from workers.runner import outcome_path
@@ -47,6 +48,9 @@ class Supervisor:
         **overrides: float,
     ) -> None:
         settings = settings.model_copy(update=overrides)
+        # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree,
+        # before anything here or in a runner initialises CUDA.
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self.settings = settings
         self.engine = make_engine(settings)
         self.worker_id = worker_id or settings.worker_id or platform.node()
@@ -62,6 +66,7 @@ class Supervisor:
         self._stop_now = False
         self._env = self._runner_env()
         self.zygote: Zygote | None = None
+        self.gpu_pids = gpu.compute_pids  # replaceable in tests: there is no GPU there
 
     # --- public ------------------------------------------------------------------
 
@@ -166,9 +171,29 @@ class Supervisor:
     def _supervise(self, now: float) -> None:
         for job_id, attempt in list(self.attempts.items()):
             attempt.enforce(now, self.kill_grace_s)
-            if attempt.finished():
+            if attempt.finished() and self._gpus_released(attempt, now):
                 self._finish(attempt)
                 del self.attempts[job_id]
+
+    def _gpus_released(self, attempt: Attempt, now: float) -> bool:
+        """On CUDA, the devices go to the next job only once NVML lists no process of this
+        one on them (a driver can hold a context a moment past the process's exit)."""
+        if self.accelerator != "cuda":
+            return True
+        holding = (self.gpu_pids(attempt.devices) or set()) & attempt.pids_seen
+        if not holding:
+            return True
+        attempt.gpu_wait_since = attempt.gpu_wait_since or now
+        if now - attempt.gpu_wait_since < self.kill_grace_s:
+            return False
+        log.error(
+            "job %s: NVML still lists pids %s on GPUs %s after %.0fs; releasing them anyway",
+            attempt.job_id,
+            sorted(holding),
+            attempt.devices,
+            now - attempt.gpu_wait_since,
+        )
+        return True
 
     def _claim(self) -> bool:
         free = self._free_devices()

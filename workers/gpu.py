@@ -1,0 +1,28 @@
+"""What NVML says about the GPUs: which processes hold a CUDA context on them."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def compute_pids(indices: list[int]) -> set[int] | None:
+    """PIDs with a CUDA context on these GPUs (NVML's PCI order); None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no GPU: there is nothing NVML can tell
+        return None
+    try:
+        pids: set[int] = set()
+        for index in indices:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pids.update(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        return pids
+    except Exception:
+        log.exception("NVML could not list the processes on GPUs %s", indices)
+        return None
+    finally:
+        pynvml.nvmlShutdown()
