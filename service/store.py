@@ -61,11 +61,14 @@ class Fence:
 
 
 def _fenced(fence: Fence) -> list[Any]:
+    """The attempt still owns the job: same attempt and token, and the lease has not run
+    out (once it has, nothing the attempt does can count, even before anyone requeues)."""
     return [
         Job.id == fence.job_id,
         Job.attempt == fence.attempt,
         Job.lease_token == fence.lease_token,
         col(Job.status).in_(ACTIVE),
+        col(Job.lease_expires_at) > utcnow(),
     ]
 
 

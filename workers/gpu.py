@@ -26,3 +26,21 @@ def compute_pids(indices: list[int]) -> set[int] | None:
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+def describe(indices: list[int]) -> dict[str, object] | None:
+    """Driver version and GPU names of these devices; None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices]
+        return {"driver": pynvml.nvmlSystemGetDriverVersion(), "gpus": names}
+    except Exception:
+        log.exception("NVML could not describe GPUs %s", indices)
+        return None
+    finally:
+        pynvml.nvmlShutdown()

@@ -37,11 +37,14 @@ class DbReporter:
         flush_interval_s: float = FLUSH_INTERVAL_S,
         on_lease_lost: Callable[[], None] | None = None,
         flushed_marker: Path | None = None,
+        lease_s: float | None = None,
     ) -> None:
         self.engine = engine
         self.fence = fence
         self.on_lease_lost = on_lease_lost
         self.flushed_marker = flushed_marker
+        self.lease_s = lease_s
+        self._last_stored = time.monotonic()
         self.flush_interval_s = flush_interval_s
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.lease_lost = threading.Event()
@@ -87,16 +90,24 @@ class DbReporter:
             owned = store.report(self.engine, self.fence, progress=progress, metrics=metrics)
         except Exception:  # a database hiccup must not kill training: retry with the next
             log.exception("job %s: could not record progress; will retry", self.fence.job_id)
+            if self.lease_s is not None and time.monotonic() - self._last_stored > self.lease_s:
+                # Longer than a lease without the database: the lease has run out, so
+                # the job may be someone else's by now. Nothing done here can count.
+                self._lost()
             return False
+        self._last_stored = time.monotonic()
         if not owned:
-            self.lease_lost.set()
-            log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
-            if self.on_lease_lost is not None:
-                self.on_lease_lost()
+            self._lost()
         elif metrics and self.flushed_marker is not None:
             # Points arrive in step order: everything up to this step is stored now.
             _write_atomic(self.flushed_marker, str(max(m["step"] for m in metrics)))
         return True
+
+    def _lost(self) -> None:
+        self.lease_lost.set()
+        log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
+        if self.on_lease_lost is not None:
+            self.on_lease_lost()
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         fence,
         on_lease_lost=_kill_own_group,
         flushed_marker=job_dir(settings.data_dir, args.job_id) / FLUSHED_MARKER,
+        lease_s=settings.lease_s,
     ).start()
     try:
         job = load_job(engine, args.job_id)

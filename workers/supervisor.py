@@ -345,6 +345,11 @@ class Supervisor:
         while self.attempts and time.monotonic() < deadline:
             self._supervise(time.monotonic())
             time.sleep(0.05)
+        for attempt in self.attempts.values():  # past the grace: nothing may outlive us
+            attempt.signal(signal.SIGKILL)
+        while self.attempts and time.monotonic() < deadline + self.kill_grace_s:
+            self._supervise(time.monotonic())
+            time.sleep(0.05)
         catalog.worker_stopped(self.engine, self.worker_id)
         self.engine.dispose()
         if self.zygote is not None:
@@ -355,6 +360,10 @@ class Supervisor:
         env = dict(os.environ)
         env["TRAINYARD_DATABASE_URL"] = self.settings.database_url
         env["TRAINYARD_DATA_DIR"] = str(Path(self.settings.data_dir).resolve())
+        env["TRAINYARD_LEASE_S"] = str(self.lease_s)  # the runner gives up after as long
+        # torch counts GPUs through NVML then, without initialising CUDA: a runner must
+        # not initialise it before forking its ranks.
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         if self.settings.recipes_dir is not None:
             env["TRAINYARD_RECIPES_DIR"] = str(Path(self.settings.recipes_dir).resolve())
         return env

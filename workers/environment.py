@@ -1,0 +1,45 @@
+"""The reproducibility record of an attempt: what exactly ran, where, and with what."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from workers import gpu
+from workers.recipes import Recipe
+from workers.training import RunSpec
+
+
+def record(spec: RunSpec, recipe: Recipe, *, worker_id: str | None) -> dict[str, Any]:
+    """Resolved spec and seed, software versions, hardware, host, worker, packages, recipe."""
+    cuda = spec.accelerator == "cuda"
+    devices = [int(d) for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    return {
+        "spec": {k: v for k, v in asdict(spec).items() if k not in ("job_dir", "recipes_dir")},
+        "seed": spec.seed,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        # Library versions only: nothing here may initialise CUDA, or the ranks forked
+        # after this could not use it.
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "gpus": gpu.describe(devices) if cuda else None,
+        "hostname": platform.node(),
+        "worker_id": worker_id,
+        "packages_sha256": packages_hash(),
+        "recipe": recipe.name,
+        "recipe_source_sha256": recipe.source_hash(),
+    }
+
+
+def packages_hash() -> str:
+    """sha256 of the sorted name==version list of every installed distribution."""
+    pins = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()
