@@ -160,6 +160,7 @@ class Job(JobBase, table=True):
     progress: dict[str, Any] | None = Field(None, sa_type=JSON)
     error: dict[str, Any] | None = Field(None, sa_type=JSON)
     result: dict[str, Any] | None = Field(None, sa_type=JSON)
+    environment: dict[str, Any] | None = Field(None, sa_type=JSON)
     worker_id: str | None = Field(None, max_length=200)
     lease_token: str | None = Field(None, max_length=64)
     lease_expires_at: datetime | None = Field(None, sa_type=UTCDateTime)
@@ -197,6 +198,12 @@ class JobRead(JobBase):
     progress: Progress | None = None
     error: dict[str, Any] | None = Field(None, description="type, message, traceback tail")
     result: dict[str, Any] | None = Field(None, description="Final metrics of a finished job.")
+    environment: dict[str, Any] | None = Field(
+        None,
+        description="Reproducibility record of the latest attempt: resolved spec and seed, "
+        "Python/torch/CUDA/cuDNN/NCCL versions, GPUs and driver, host, worker, "
+        "installed-packages hash, recipe source hash.",
+    )
     worker_id: str | None = None
     assigned_devices: list[int] | None = None
     queue_position: int | None = Field(None, description="1 = next to run (queued jobs only).")

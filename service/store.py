@@ -103,12 +103,7 @@ def create_job(
                 select(Job).where(Job.idempotency_key == idempotency_key)
             ).scalar_one_or_none()
             if existing is not None:
-                if (
-                    JobCreate.model_validate(
-                        existing.model_dump(include=set(JobCreate.model_fields))
-                    )
-                    != spec
-                ):
+                if spec_of(existing) != spec:
                     raise IdempotencyConflict(
                         f"Idempotency-Key {idempotency_key!r} was used for a different job "
                         f"({existing.id})"
@@ -124,6 +119,11 @@ def create_job(
         ).model_dump(exclude={"id"})
         inserted = session.execute(_INSERT, row).one()
         return Job(**inserted._mapping), True
+
+
+def spec_of(job: Job) -> JobCreate:
+    """The spec a job was submitted with."""
+    return JobCreate.model_validate(job.model_dump(include=set(JobCreate.model_fields)))
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -333,6 +333,13 @@ class Held(NamedTuple):
 
     status: JobStatus
     step: int | None
+
+
+def record_environment(engine: Engine, fence: Fence, environment: dict[str, Any]) -> bool:
+    """Store an attempt's reproducibility record on the job (fenced)."""
+    with write_session(engine) as session:
+        result = session.execute(update(Job).where(*_fenced(fence)).values(environment=environment))
+        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int, Held]:

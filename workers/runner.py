@@ -11,22 +11,20 @@ import argparse
 import json
 import logging
 import os
-import platform
 import signal
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pydantic
-import torch
 
+from service import store
 from service.artifacts import job_dir
 from service.db import make_engine
 from service.models import Job
 from service.settings import Settings
 from service.store import Fence, load_job
-from workers import strategies
+from workers import environment, strategies
 from workers.errors import NotRetryable, describe
 from workers.recipes import Recipe, load_recipes
 from workers.reporter import DbReporter
@@ -85,20 +83,14 @@ def resolve(
     )
 
 
-def write_spec(spec: RunSpec, recipe: Recipe, attempt: int) -> None:
-    """The resolved spec as an artifact: what exactly was trained, and with what."""
-    record: dict[str, Any] = {
-        **{k: v for k, v in asdict(spec).items() if k not in ("job_dir", "recipes_dir", "extra")},
-        "attempt": attempt,
-        "recipe_source_hash": recipe.source_hash(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "hostname": platform.node(),
-    }
-    path = Path(spec.job_dir) / SPEC_FILE
+def write_spec(folder: Path, record: dict[str, Any]) -> None:
+    """The resolved spec and its environment as an artifact: what exactly was trained."""
+    spec = record["spec"]
+    path = folder / SPEC_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{SPEC_FILE}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    # The spec's fields at the top level (what a rerun needs), the environment beside them.
+    tmp.write_text(json.dumps({**spec, "environment": record}, indent=2, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -140,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             settings=settings,
             attempt=args.attempt,
         )
-        write_spec(spec, recipe, args.attempt)
+        record = environment.record(spec, recipe, worker_id=job.worker_id)
+        write_spec(Path(spec.job_dir), record)
+        store.record_environment(engine, fence, record)
         if spec.strategy != "ddp":
             prefix_stdio("[rank 0] ", args.job_id)
         log.info(

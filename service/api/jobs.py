@@ -77,6 +77,20 @@ def get_job(job_id: int, session: SessionDep, catalog: CatalogDep) -> JobRead:
 
 
 @router.post(
+    "/{job_id}/rerun", status_code=status.HTTP_201_CREATED, summary="Submit an identical job"
+)
+def rerun_job(
+    job_id: int, response: Response, engine: EngineDep, session: SessionDep, catalog: CatalogDep
+) -> JobRead:
+    """A new job with this one's spec: recipe, params, seed and every other field."""
+    spec = store.spec_of(store.get_job(session, job_id))
+    session.close()  # hold no connection while waiting for the write lock
+    job, _ = store.create_job(engine, spec, reason=check_spec(catalog, spec))
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
+    return JobRead.from_row(job)
+
+
+@router.post(
     "/{job_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     summary="Cancel a job",

@@ -69,11 +69,13 @@ def test_ddp_job_runs_reports_and_produces_a_loadable_model(stack: Stack) -> Non
     names = [a["name"] for a in stack.http.get(f"/jobs/{job['id']}/artifacts").json()]
     assert "model.safetensors" in names and "spec.json" in names
     spec = stack.http.get(f"/jobs/{job['id']}/artifacts/spec.json").json()
-    assert (
-        spec["strategy"] == "ddp"
-        and spec["params"]["hidden"] == 32
-        and len(spec["recipe_source_hash"]) == 64
-    )
+    assert spec["strategy"] == "ddp" and spec["params"]["hidden"] == 32
+    env = done["environment"]
+    assert env == spec["environment"]
+    assert env["spec"]["seed"] == env["seed"] == 0 and env["worker_id"] == "e2e"
+    assert env["torch"].startswith("2.13") and env["python"] and env["hostname"]
+    assert len(env["recipe_source_sha256"]) == len(env["packages_sha256"]) == 64
+    assert env["cuda"] is None or isinstance(env["cuda"], str)  # the CPU build has none
     blob = stack.http.get(f"/jobs/{job['id']}/artifacts/model.safetensors").content
     recipe = load_recipes()["mlp-regression"]
     p = recipe.params.model_validate(params)

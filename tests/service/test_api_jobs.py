@@ -242,3 +242,18 @@ def test_recipes_and_workers_listing(client: TestClient, add_worker: Any) -> Non
     assert len(recipes["mlp-regression"]["source_hash"]) == 64
     (worker,) = client.get("/api/v1/workers").json()
     assert worker["id"] == "box-a" and len(worker["devices"]) == 2 and worker["alive"]
+
+
+def test_rerun_submits_an_identical_job(client: TestClient, add_worker: Any) -> None:
+    add_worker()
+    first = submit(client, params={"hidden": 8}, seed=42, priority=3, name="original")
+    r = client.post(f"/api/v1/jobs/{first['id']}/rerun")
+    assert r.status_code == 201
+    again = r.json()
+    assert again["id"] != first["id"] and r.headers["location"] == f"/api/v1/jobs/{again['id']}"
+    spec_fields = ("name", "recipe", "params", "strategy", "devices", "accelerator", "epochs",
+                   "batch_size", "lr", "optimizer", "seed", "precision", "priority",
+                   "max_attempts", "timeout_s", "checkpoint_every")  # fmt: skip
+    assert {k: again[k] for k in spec_fields} == {k: first[k] for k in spec_fields}
+    assert again["status"] == "queued" and again["attempt"] == 1
+    assert client.post("/api/v1/jobs/999/rerun").status_code == 404

@@ -14,6 +14,7 @@ ROUTES = [
     ("POST", "/api/v1/jobs"),
     ("GET", "/api/v1/jobs/1"),
     ("POST", "/api/v1/jobs/1/cancel"),
+    ("POST", "/api/v1/jobs/1/rerun"),
     ("GET", "/api/v1/jobs/1/metrics"),
     ("GET", "/api/v1/jobs/1/logs"),
     ("GET", "/api/v1/jobs/1/artifacts"),
