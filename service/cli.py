@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import httpx
 import typer
 import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 app = typer.Typer(
     help="Trainyard: PyTorch training jobs on a GPU box you own.", no_args_is_help=True
@@ -186,29 +188,36 @@ def submit(
 
 
 def _follow(client: httpx.Client, job_id: int) -> int:
-    last = ""
-    while True:
-        job = _call(client, "GET", f"/jobs/{job_id}")
-        line = _progress_line(job)
-        if line != last:
-            typer.echo(line, err=True)
-            last = line
-        if job["status"] in TERMINAL:
-            return 0 if job["status"] == "succeeded" else 1
-        time.sleep(FOLLOW_POLL_S)
-
-
-def _progress_line(job: dict[str, Any]) -> str:
-    p = job.get("progress") or {}
-    reason = (job.get("reason") or {}).get("message", "")
-    if job["status"] == "running" and p:
-        loss = f"{p['loss']:.4g}" if p.get("loss") is not None else "-"
-        eta = f"{p['eta_s']:.0f}s" if p.get("eta_s") is not None else "-"
-        return (
-            f"job {job['id']} running: epoch {p['epoch']}/{p['epochs']} "
-            f"step {p['step']}/{p['total_steps']} loss {loss} eta {eta}"
+    """A progress bar (steps, epoch, loss, ETA) until the job ends; 0 only on success."""
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("job {task.fields[job]} {task.fields[status]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("epoch {task.fields[epoch]} loss {task.fields[loss]} eta {task.fields[eta]}"),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(
+            "", total=None, job=job_id, status="queued", epoch="-", loss="-", eta="-"
         )
-    return f"job {job['id']} {job['status']}: {reason}"
+        while True:
+            job = _call(client, "GET", f"/jobs/{job_id}")
+            p = job.get("progress") or {}
+            bar.update(
+                task,
+                total=p.get("total_steps") or None,
+                completed=p.get("step", 0),
+                status=job["status"],
+                epoch=f"{p['epoch']}/{p['epochs']}" if p else "-",
+                loss=f"{p['loss']:.4g}" if p.get("loss") is not None else "-",
+                eta=f"{p['eta_s']:.0f}s" if p.get("eta_s") is not None else "-",
+            )
+            if job["status"] in TERMINAL:
+                break
+            time.sleep(FOLLOW_POLL_S)
+    reason = (job.get("reason") or {}).get("message", "")
+    console.print(f"job {job_id} {job['status']}: {reason}")
+    return 0 if job["status"] == "succeeded" else 1
 
 
 @app.command()
