@@ -180,12 +180,12 @@ def test_timeout_ends_the_attempt_and_is_not_retried(stack: Stack) -> None:
 
 
 def test_two_workers_run_each_of_40_jobs_exactly_once(stack: Stack) -> None:
+    stack.start_worker("a")
+    stack.start_worker("b")  # both poll before the first job arrives: they compete for all
     ids = [
         stack.submit(recipe="tiny", epochs=1, seed=i, params={"samples": 64})["id"]
         for i in range(40)
     ]
-    stack.start_worker("a")
-    stack.start_worker("b")
     for job_id in ids:
         stack.wait_status(job_id, {"succeeded", "failed"}, 300)
     jobs = [stack.job(i) for i in ids]
