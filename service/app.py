@@ -11,9 +11,10 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
 
-from service.api import catalog, health, jobs
+from service.api import catalog, health, jobs, prometheus
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
+from service.api.prometheus import Instruments, RequestMetrics
 from service.catalog import CatalogCache
 from service.db import make_engine
 from service.settings import Settings
@@ -36,11 +37,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.engine = engine or make_engine(settings)
     app.state.catalog = CatalogCache()
 
+    app.state.instruments = Instruments(app.state.engine)
     app.include_router(health.router)
+    app.include_router(prometheus.router)
     app.include_router(jobs.router, prefix=API_PREFIX, dependencies=[AuthDep])
     app.include_router(catalog.router, prefix=API_PREFIX, dependencies=[AuthDep])
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, instruments=app.state.instruments)
 
     app.mount(SWAGGER_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
 

@@ -1,0 +1,140 @@
+"""/metrics in Prometheus text format: the queue and workers (read at scrape time from
+the database) and the API's own request counts and latencies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+from sqlmodel import Session, col
+
+from service.models import Job, JobStatus, Worker, utcnow
+
+router = APIRouter(tags=["health"])
+
+# Upper bounds of the job duration histogram, in seconds: a minute to a week.
+DURATION_BUCKETS_S = (60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0, 7 * 24 * 3600.0)
+
+
+class QueueCollector(Collector):
+    """Jobs by status, queue depth, job durations and worker heartbeats, read per scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Any]:
+        with Session(self.engine) as session:
+            by_status = select(Job.status, func.count()).group_by(Job.status)
+            counts: dict[str, int] = {str(s): n for s, n in session.execute(by_status).all()}
+            finished = session.execute(
+                select(Job.started_at, Job.finished_at).where(
+                    col(Job.finished_at).is_not(None), col(Job.started_at).is_not(None)
+                )
+            ).all()
+            workers = session.execute(select(Worker.id, Worker.heartbeat_at, Worker.devices)).all()
+        jobs = GaugeMetricFamily("trainyard_jobs", "Jobs by status.", labels=["status"])
+        for status in JobStatus:
+            jobs.add_metric([status.value], counts.get(status, 0))
+        yield jobs
+        yield GaugeMetricFamily(
+            "trainyard_queue_depth", "Jobs waiting to run.", value=counts.get(JobStatus.queued, 0)
+        )
+        durations = sorted((end - start).total_seconds() for start, end in finished)
+        buckets = [(str(b), sum(1 for d in durations if d <= b)) for b in DURATION_BUCKETS_S]
+        yield HistogramMetricFamily(
+            "trainyard_job_duration_seconds",
+            "Wall time of finished jobs' last attempt.",
+            buckets=[*buckets, ("+Inf", len(durations))],
+            sum_value=sum(durations),
+        )
+        now = utcnow()
+        age = GaugeMetricFamily(
+            "trainyard_worker_heartbeat_age_seconds", "Since a worker's last heartbeat.",
+            labels=["worker"],
+        )  # fmt: skip
+        devices = GaugeMetricFamily(
+            "trainyard_worker_devices", "Devices a worker has.", labels=["worker"]
+        )
+        for worker_id, heartbeat_at, worker_devices in workers:
+            age.add_metric([worker_id], (now - heartbeat_at).total_seconds())
+            devices.add_metric([worker_id], len(worker_devices))
+        yield age
+        yield devices
+
+
+class Instruments:
+    """The registry of one app: the queue collector and the request metrics."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(QueueCollector(engine))
+        self.requests = Counter(
+            "trainyard_http_requests", "API requests.", ["method", "route", "status"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "trainyard_http_request_duration_seconds", "API request latency.",
+            ["method", "route"], registry=self.registry,
+        )  # fmt: skip
+
+
+class RequestMetrics:
+    """ASGI middleware: count and time every request by its route template."""
+
+    def __init__(self, app: Any, instruments: Instruments) -> None:
+        self.app = app
+        self.instruments = instruments
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_and_note(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = _route_template(scope)
+            method = scope["method"]
+            self.instruments.requests.labels(method, route, str(status[0])).inc()
+            self.instruments.latency.labels(method, route).observe(time.perf_counter() - start)
+
+
+def _route_template(scope: Any) -> str:
+    """The matched route as a template ("/api/v1/jobs/{job_id}"), so that labels stay few;
+    built from the path and its parameters (included routers hide their prefix)."""
+    if scope.get("route") is None:
+        return "unmatched"
+    path: str = scope["path"]
+    for name, value in (scope.get("path_params") or {}).items():
+        value = str(value)
+        if path.endswith("/" + value):  # the last segment(s), e.g. an artifact's path
+            path = path[: -len(value)] + "{" + name + "}"
+        else:
+            path = path.replace(f"/{value}/", f"/{{{name}}}/", 1)
+    return path
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+def metrics(request: Request) -> Response:
+    """Jobs by status, queue depth, job durations, worker heartbeats, API requests."""
+    registry = request.app.state.instruments.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
