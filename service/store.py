@@ -72,6 +72,18 @@ def _fenced(fence: Fence) -> list[Any]:
     ]
 
 
+def _lease_ended(code: str, message: str, **more: Any) -> dict[str, Any]:
+    """Values that end an attempt's hold on a job, with the reason why."""
+    return {
+        "reason_code": code,
+        "reason_message": message,
+        "lease_token": None,
+        "lease_expires_at": None,
+        "runner_pgid": None,
+        **more,
+    }
+
+
 def _transition(
     session: Session, job_id: int, to: JobStatus, *where: Any, **values: Any
 ) -> Job | None:
@@ -328,18 +340,18 @@ def record_start(engine: Engine, fence: Fence, *, devices: list[int], pgid: int)
         return bool(result.rowcount == 1)
 
 
-class Held(NamedTuple):
-    """A lease still held, with what the worker needs to act on: cancel, stalled steps."""
-
-    status: JobStatus
-    step: int | None
-
-
 def record_environment(engine: Engine, fence: Fence, environment: dict[str, Any]) -> bool:
     """Store an attempt's reproducibility record on the job (fenced)."""
     with write_session(engine) as session:
         result = session.execute(update(Job).where(*_fenced(fence)).values(environment=environment))
         return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+class Held(NamedTuple):
+    """A lease still held, with what the worker needs to act on: cancel, stalled steps."""
+
+    status: JobStatus
+    step: int | None
 
 
 def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int, Held]:
@@ -431,13 +443,7 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
         ).scalar_one_or_none()
         if job is None:
             return None  # the lease was lost; the job is someone else's now
-        common: dict[str, Any] = {
-            "reason_code": outcome.reason_code,
-            "reason_message": outcome.reason_message,
-            "lease_token": None,
-            "lease_expires_at": None,
-            "runner_pgid": None,
-        }
+        common = _lease_ended(outcome.reason_code, outcome.reason_message)
         if job.status == S.cancelling and outcome.status != S.succeeded:
             return _transition(
                 session,
@@ -445,11 +451,7 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
                 S.cancelled,
                 finished_at=now,
                 error=outcome.error,
-                **{
-                    **common,
-                    "reason_code": "cancelled",
-                    "reason_message": "cancelled while running",
-                },
+                **_lease_ended("cancelled", "cancelled while running"),
             )
         if outcome.status == S.failed and outcome.retryable and job.attempt < job.max_attempts:
             return _requeue(session, job, now, common, error=outcome.error)
@@ -497,18 +499,15 @@ def _requeue(
 def release_attempt(engine: Engine, fence: Fence, reason_code: str, message: str) -> Job | None:
     """Give a running job back to the queue without spending an attempt (worker shutdown)."""
     now = utcnow()
-    cleared: dict[str, Any] = {
-        "reason_code": reason_code,
-        "reason_message": message,
-        "lease_token": None,
-        "lease_expires_at": None,
-        "runner_pgid": None,
-        "worker_id": None,
-        "assigned_devices": None,
-    }
+    off_worker = {"worker_id": None, "assigned_devices": None}
     with write_session(engine) as session:
         done = _transition(
-            session, fence.job_id, S.queued, *_fenced(fence), run_after=None, **cleared
+            session,
+            fence.job_id,
+            S.queued,
+            *_fenced(fence),
+            run_after=None,
+            **_lease_ended(reason_code, message, **off_worker),
         )
         if done is None:  # cancel asked meanwhile: honour it rather than requeue
             done = _transition(
@@ -517,11 +516,7 @@ def release_attempt(engine: Engine, fence: Fence, reason_code: str, message: str
                 S.cancelled,
                 *_fenced(fence),
                 finished_at=now,
-                **{
-                    **cleared,
-                    "reason_code": "cancelled",
-                    "reason_message": "cancelled while running",
-                },
+                **_lease_ended("cancelled", "cancelled while running", **off_worker),
             )
         return done
 
@@ -553,13 +548,7 @@ def _abandon(engine: Engine, where: list[Any], code: str, message: str) -> list[
     with write_session(engine) as session:
         jobs = session.exec(select(Job).where(col(Job.status).in_(ACTIVE), *where)).scalars().all()
         for job in jobs:
-            common: dict[str, Any] = {
-                "reason_code": code,
-                "reason_message": message.format(worker=job.worker_id),
-                "lease_token": None,
-                "lease_expires_at": None,
-                "runner_pgid": None,
-            }
+            common = _lease_ended(code, message.format(worker=job.worker_id))
             if job.status == S.cancelling:
                 done = _transition(session, job.id, S.cancelled, finished_at=now, **common)
             elif job.attempt < job.max_attempts:

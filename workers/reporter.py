@@ -47,7 +47,6 @@ class DbReporter:
         self._last_stored = time.monotonic()
         self.flush_interval_s = flush_interval_s
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.lease_lost = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="db-reporter", daemon=True)
 
     def put_nowait(self, item: Any) -> None:
@@ -104,7 +103,6 @@ class DbReporter:
         return True
 
     def _lost(self) -> None:
-        self.lease_lost.set()
         log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
         if self.on_lease_lost is not None:
             self.on_lease_lost()

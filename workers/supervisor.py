@@ -281,12 +281,11 @@ class Supervisor:
         outcome = self._outcome(attempt)
         attempt.note(f"attempt {attempt.fence.attempt} ended: {outcome.reason_message}")
         self._write_lines(attempt)
-        if attempt.stop_reason == "shutdown":
+        if (
+            outcome.status == JobStatus.queued
+        ):  # handed back (shutdown, preempted): no attempt spent
             store.release_attempt(
-                self.engine,
-                attempt.fence,
-                "worker_shutdown",
-                f"worker {self.worker_id} shut down; the job waits for a worker",
+                self.engine, attempt.fence, outcome.reason_code, outcome.reason_message
             )
         else:
             store.finish_attempt(self.engine, attempt.fence, outcome)

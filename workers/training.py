@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -72,7 +72,6 @@ class RunSpec:
     recipes_dir: str | None = None
     threads: int = 1  # torch intra-op threads per process on CPU
     attempt: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -303,7 +302,7 @@ def _save_checkpoint(
         "position": at.__dict__,
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "spec": {k: v for k, v in spec.__dict__.items() if k != "extra"},
+        "spec": dict(spec.__dict__),
         # Metric points not yet confirmed in the database: a kill before they get there
         # must not leave a gap, so a resumed run sends them again (repeats are ignored).
         "metrics": reporter.unconfirmed(),

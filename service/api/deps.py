@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from service.catalog import Catalog
+from service.db import read_session
 from service.settings import Settings
 
 
@@ -31,7 +32,7 @@ def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Sess
 def get_catalog(request: Request, engine: Annotated[Engine, Depends(get_engine)]) -> Catalog:
     # A session of its own, closed at once: a submit then holds no connection while it
     # waits for the write lock (holding one there can exhaust the pool and deadlock).
-    with Session(engine) as session:
+    with read_session(engine) as session:
         return request.app.state.catalog.get(session)
 
 
