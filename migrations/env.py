@@ -6,7 +6,7 @@ from alembic import context
 from sqlmodel import SQLModel
 
 import service.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from service.db import make_engine
+from service.db import is_sqlite, make_engine
 from service.settings import Settings
 
 config = context.config
@@ -28,6 +28,12 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = make_engine(_url())
     with engine.connect() as connection:
+        if is_sqlite(engine):
+            # Batch mode copies a table, drops the old one and renames the copy; with
+            # foreign keys on, dropping `job` would cascade and delete every job's metrics
+            # and logs. The pragma only takes effect outside a transaction: set it on the
+            # driver's connection before SQLAlchemy begins one.
+            connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
         context.configure(
             connection=connection,
             target_metadata=target_metadata,

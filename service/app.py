@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
@@ -16,7 +16,9 @@ from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
 from service.api.prometheus import Instruments, RequestMetrics
 from service.catalog import CatalogCache
+from service.dashboard import mount_dashboard
 from service.db import make_engine
+from service.events import JobFeeds
 from service.settings import Settings
 
 API_PREFIX = "/api/v1"
@@ -36,6 +38,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.settings = settings
     app.state.engine = engine or make_engine(settings)
     app.state.catalog = CatalogCache()
+    app.state.feeds = JobFeeds(app.state.engine)
 
     app.state.instruments = Instruments(app.state.engine)
     app.include_router(health.router)
@@ -58,9 +61,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
         )
 
-    @app.get("/", include_in_schema=False)
-    def index() -> RedirectResponse:
-        return RedirectResponse("/docs")
+    mount_dashboard(app)
 
     return app
 

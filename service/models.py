@@ -158,6 +158,16 @@ class Job(JobBase, table=True):
     reason_message: str | None = Field(None, max_length=2000)
     attempt: int = 1
     progress: dict[str, Any] | None = Field(None, sa_type=JSON)
+    # One counter per job numbers everything a watcher can see (status changes, progress,
+    # metric points, log lines), taken in the transaction that writes them, under the job
+    # row's lock: the event stream resumes from a number with no gap and no duplicate.
+    event_seq: int = 1
+    status_seq: int = 1  # number of the latest status change
+    progress_seq: int = 0  # number of the latest progress
+    # The per-job log bound: lines stored, lines dropped, and the line that says so.
+    log_count: int = 0
+    log_dropped: int = 0
+    log_marker_seq: int | None = None
     error: dict[str, Any] | None = Field(None, sa_type=JSON)
     result: dict[str, Any] | None = Field(None, sa_type=JSON)
     environment: dict[str, Any] | None = Field(None, sa_type=JSON)
@@ -188,6 +198,24 @@ class Progress(SQLModel):
     eta_s: float | None = None
 
 
+# Job columns for the service's own bookkeeping, never shown by the API.
+_INTERNAL = {
+    "reason_code",
+    "reason_message",
+    "lease_token",
+    "lease_expires_at",
+    "runner_pgid",
+    "run_after",
+    "idempotency_key",
+    "event_seq",
+    "status_seq",
+    "progress_seq",
+    "log_count",
+    "log_dropped",
+    "log_marker_seq",
+}
+
+
 class JobRead(JobBase):
     """A job as the API shows it."""
 
@@ -213,17 +241,7 @@ class JobRead(JobBase):
 
     @classmethod
     def from_row(cls, job: Job, queue_position: int | None = None) -> JobRead:
-        data = job.model_dump(
-            exclude={
-                "reason_code",
-                "reason_message",
-                "lease_token",
-                "lease_expires_at",
-                "runner_pgid",
-                "run_after",
-                "idempotency_key",
-            }
-        )
+        data = job.model_dump(exclude=_INTERNAL)
         reason = (
             Reason(code=job.reason_code, message=job.reason_message or "")
             if job.reason_code
@@ -243,6 +261,7 @@ class Metric(SQLModel, table=True):
     """One point of a job's time series; unique per (job, name, step) so resumes add none."""
 
     __tablename__ = "metric"
+    __table_args__ = (Index("ix_metric_job_seq", "job_id", "seq"),)
 
     job_id: int = Field(foreign_key="job.id", primary_key=True, ondelete="CASCADE")
     name: str = Field(primary_key=True, max_length=100)
@@ -250,6 +269,7 @@ class Metric(SQLModel, table=True):
     epoch: int
     value: float
     time: float = Field(description="Unix seconds.")
+    seq: int = Field(description="The job's event number, for the event stream.")
 
 
 class MetricRead(SQLModel):

@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     cpu_slots: int | None = Field(
         None, ge=1, description="Device slots of a worker without GPUs; default the core count."
     )
+    max_log_lines: int = Field(
+        100_000,
+        ge=100,
+        description="Log lines kept per job: the first half and the newest, with a marker "
+        "counting the lines dropped between them.",
+    )
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger requests get 413.")
     api_workers: int = Field(1, ge=1, le=64, description="API server processes.")
 

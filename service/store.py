@@ -84,6 +84,10 @@ def _lease_ended(code: str, message: str, **more: Any) -> dict[str, Any]:
     }
 
 
+# A status change takes the job's next event number (see Job.event_seq).
+_NEXT_STATUS = {"event_seq": _job.c.event_seq + 1, "status_seq": _job.c.event_seq + 1}
+
+
 def _transition(
     session: Session, job_id: int, to: JobStatus, *where: Any, **values: Any
 ) -> Job | None:
@@ -91,7 +95,7 @@ def _transition(
     stmt = (
         update(Job)
         .where(Job.id == job_id, col(Job.status).in_(ALLOWED_FROM[to]), *where)
-        .values(status=to, **values)
+        .values(status=to, **_NEXT_STATUS, **values)
         .returning(Job)
         .execution_options(synchronize_session=False, populate_existing=True)
     )
@@ -251,6 +255,7 @@ _TAKE = (
         progress=None,
         reason_code="running",
         reason_message=bindparam("message"),
+        **_NEXT_STATUS,
     )
     .returning(*_job.c)
 )
@@ -382,44 +387,105 @@ def report(
     metrics: Sequence[dict[str, Any]] = (),
 ) -> bool:
     """Write progress and metric points of a running attempt in one transaction (fenced)."""
+    taken = len(metrics) + (progress is not None)
+    if not taken:
+        return True
+    values: dict[str, Any] = {"event_seq": _job.c.event_seq + taken}
+    if progress is not None:  # progress takes the last number, after the points it sums up
+        values |= {"progress": progress, "progress_seq": _job.c.event_seq + taken}
     with write_session(engine) as session:
-        values: dict[str, Any] = {"progress": progress} if progress is not None else {}
-        owned = session.exec(
-            update(Job).where(*_fenced(fence)).values(**values).returning(Job.id)
-            if values
-            else select(Job.id).where(*_fenced(fence))
+        last = session.execute(
+            update(_job).where(*_fenced(fence)).values(**values).returning(_job.c.event_seq)
         ).scalar_one_or_none()
-        if owned is None:
+        if last is None:
             return False
         if metrics:
             # executemany of one prebuilt statement: the driver loops in C. A multi-row
             # VALUES statement would be compiled anew for every batch size.
-            rows = [{"job_id": fence.job_id, **m} for m in metrics]
+            first = last - taken + 1
+            rows = [{"job_id": fence.job_id, "seq": first + i, **m} for i, m in enumerate(metrics)]
             session.execute(_INSERT_METRIC[engine.dialect.name], rows)
         return True
 
 
-def append_logs(engine: Engine, fence: Fence, lines: list[tuple[float, str, str]]) -> bool:
-    """Append (time, stream, text) lines with the next sequence numbers (fenced)."""
+def append_logs(
+    engine: Engine, fence: Fence, lines: list[tuple[float, str, str]], *, max_lines: int
+) -> bool:
+    """Append (time, stream, text) lines with the job's next event numbers (fenced).
+
+    A job keeps at most ``max_lines`` lines: its first half, and the newest lines after a
+    marker that counts the lines dropped between them, so the lines printed just before a
+    crash or a cancel are always kept.
+    """
     if not lines:
         return True
+    n = len(lines)
     with write_session(engine) as session:
-        owned = session.exec(
-            select(Job.id).where(*_fenced(fence)).with_for_update()
-        ).scalar_one_or_none()
-        if owned is None:
+        row = session.execute(
+            update(_job)
+            .where(*_fenced(fence))
+            .values(event_seq=_job.c.event_seq + n, log_count=_job.c.log_count + n)
+            .returning(_job.c.event_seq, _job.c.log_count, _job.c.log_marker_seq)
+        ).one_or_none()
+        if row is None:
             return False
-        last = session.exec(
-            select(func.coalesce(func.max(LogLine.seq), 0)).where(LogLine.job_id == fence.job_id)
-        ).scalar_one()
+        first = row.event_seq - n + 1
         session.execute(
-            LogLine.__table__.insert(),
+            _INSERT_LOG,
             [
-                {"job_id": fence.job_id, "seq": last + i, "time": t, "stream": s, "text": x}
-                for i, (t, s, x) in enumerate(lines, start=1)
+                {"job_id": fence.job_id, "seq": first + i, "time": t, "stream": s, "text": x}
+                for i, (t, s, x) in enumerate(lines)
             ],
         )
+        if row.log_count > max_lines:
+            _drop_middle_lines(session, fence.job_id, max_lines, row.log_marker_seq)
         return True
+
+
+def _drop_middle_lines(session: Session, job_id: int, max_lines: int, marker: int | None) -> None:
+    """Bring a job back to ``max_lines`` lines by deleting the oldest lines after its kept
+    head; the marker line (the first line after the head) counts what was dropped."""
+    log = LogLine.__table__  # type: ignore[attr-defined]
+    count = session.execute(select(_job.c.log_count).where(_job.c.id == job_id)).scalar_one()
+    replaced = 0
+    if marker is None:  # the first drop: the line after the head becomes the marker
+        marker = session.execute(
+            select(log.c.seq)
+            .where(log.c.job_id == job_id)
+            .order_by(log.c.seq)
+            .offset(max_lines // 2)
+            .limit(1)
+        ).scalar_one()
+        replaced = 1  # its own text gives way to the notice
+    doomed = (
+        select(log.c.seq)
+        .where(log.c.job_id == job_id, log.c.seq > marker)
+        .order_by(log.c.seq)
+        .limit(count - max_lines)
+        .scalar_subquery()
+    )
+    deleted = session.execute(
+        log.delete().where(log.c.job_id == job_id, log.c.seq.in_(doomed))
+    ).rowcount  # type: ignore[attr-defined]
+    dropped = session.execute(
+        update(_job)
+        .where(_job.c.id == job_id)
+        .values(
+            log_count=_job.c.log_count - deleted,
+            log_dropped=_job.c.log_dropped + deleted + replaced,
+            log_marker_seq=marker,
+        )
+        .returning(_job.c.log_dropped)
+    ).scalar_one()
+    session.execute(
+        update(log)
+        .where(log.c.job_id == job_id, log.c.seq == marker)
+        .values(
+            stream="system",
+            text=f"[trainyard] {dropped} line(s) dropped here: the job printed more than "
+            f"{max_lines} lines (TRAINYARD_MAX_LOG_LINES); its first and latest are kept",
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -569,6 +635,7 @@ def active_jobs_of(engine: Engine, worker_id: str) -> list[Job]:
 
 
 # INSERT that skips points whose (job, name, step) exists: a resumed run re-reports some.
+_INSERT_LOG = insert(LogLine.__table__)  # type: ignore[attr-defined]
 _INSERT_METRIC = {
     "sqlite": sqlite.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]
     "postgresql": postgresql.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]

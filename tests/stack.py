@@ -4,6 +4,7 @@ end-to-end tests and the benchmarks."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -111,6 +112,34 @@ class Stack:
         r = self.http.post("/jobs", json=spec)
         assert r.status_code == 201, r.text
         return r.json()  # type: ignore[no-any-return]
+
+    def events(
+        self, job_id: int, last_event_id: int | None = None, limit: int | None = None
+    ) -> list[tuple[int | None, str, Any]]:
+        """(id, event, data) of the job's event stream until it ends, or the first ``limit``
+        events (then the connection is dropped, as a client that goes away would)."""
+        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
+        got: list[tuple[int | None, str, Any]] = []
+        timeout = httpx.Timeout(10, read=60)
+        with self.http.stream(
+            "GET", f"/jobs/{job_id}/events", headers=headers, timeout=timeout
+        ) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith(
+                "text/event-stream"
+            )
+            fields: dict[str, str] = {}
+            for line in r.iter_lines():
+                if line:
+                    name, _, value = line.partition(":")
+                    fields[name] = value.removeprefix(" ")
+                    continue
+                if "event" in fields:  # a blank line ends an event (a ping has no event)
+                    event_id = int(fields["id"]) if "id" in fields else None
+                    got.append((event_id, fields["event"], json.loads(fields["data"])))
+                    if fields["event"] == "end" or len(got) == limit:
+                        break
+                fields = {}
+        return got
 
     def wait_status(
         self, job_id: int, statuses: set[str], timeout_s: float = 120

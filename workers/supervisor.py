@@ -268,7 +268,9 @@ class Supervisor:
         if not lines:
             return
         try:
-            store.append_logs(self.engine, attempt.fence, lines)
+            store.append_logs(
+                self.engine, attempt.fence, lines, max_lines=self.settings.max_log_lines
+            )
         except Exception:  # keep them for the next tick rather than lose them
             log.exception("job %s: could not store %d log lines", attempt.job_id, len(lines))
             attempt.put_back(lines)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlmodel import col, select
 
 from service import store
@@ -134,6 +136,33 @@ def get_logs(
         .limit(limit)
     )
     return [LogLineRead.model_validate(line, from_attributes=True) for line in rows]
+
+
+def _job_exists(job_id: int, session: SessionDep) -> None:
+    store.get_job(session, job_id)  # 404 before the stream starts, not inside it
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=EventSourceResponse,
+    summary="Watch a job live (Server-Sent Events)",
+    dependencies=[Depends(_job_exists)],
+)
+async def job_events(
+    job_id: int,
+    request: Request,
+    last_event_id: Annotated[
+        int | None,
+        Header(ge=0, description="Resume after this event id (browsers send it on reconnect)."),
+    ] = None,
+) -> AsyncIterator[ServerSentEvent]:
+    """`status` (the job), `progress`, `metric` and `log` events, each with an increasing
+    id; from the job's start, or after `Last-Event-ID`, with no gap and no duplicate. The
+    stream ends with an `end` event once the job has finished; `: ping` comments keep idle
+    connections open."""
+    async for event in request.app.state.feeds.watch(job_id, last_event_id or 0):
+        yield ServerSentEvent(event=event.kind, id=str(event.id), data=event.data)
+    yield ServerSentEvent(event="end", data={"job_id": job_id})
 
 
 @router.get("/{job_id}/artifacts", summary="List a job's artifacts")

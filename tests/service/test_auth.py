@@ -17,6 +17,7 @@ ROUTES = [
     ("POST", "/api/v1/jobs/1/rerun"),
     ("GET", "/api/v1/jobs/1/metrics"),
     ("GET", "/api/v1/jobs/1/logs"),
+    ("GET", "/api/v1/jobs/1/events"),
     ("GET", "/api/v1/jobs/1/artifacts"),
     ("GET", "/api/v1/jobs/1/artifacts/model.safetensors"),
     ("GET", "/api/v1/recipes"),

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, create_engine, inspect
 from sqlmodel import SQLModel
 
 import service.models  # noqa: F401  (tables on the metadata)
+from service.db import make_engine
+from service.events import read_events
+from service.migrate import alembic_config, upgrade
 
 
 def test_migrations_match_models(engine: Engine) -> None:
@@ -23,3 +29,48 @@ def test_migrated_sqlite_is_in_wal_mode(engine: Engine) -> None:
     assert {"job", "metric", "log_line", "worker", "alembic_version"} <= set(
         inspect(engine).get_table_names()
     )
+
+
+def test_event_numbers_are_given_to_rows_made_before_they_existed(tmp_path: Path) -> None:
+    """0004 numbers a job's existing logs and metric points so a replay keeps them all."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0003")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO job (id, recipe, params, strategy, devices, accelerator, epochs, "
+            "batch_size, lr, optimizer, seed, precision, priority, max_attempts, "
+            "checkpoint_every, status, attempt, created_at) VALUES (1, 'r', '{}', 'single', 1, "
+            "'cpu', 1, 8, 0.001, 'adamw', 0, 'fp32', 0, 3, 1, 'succeeded', 1, '2026-01-01')"
+        )
+        for seq in (1, 2, 3):
+            conn.exec_driver_sql(
+                f"INSERT INTO log_line VALUES (1, {seq}, 0.0, 'stdout', 'line {seq}')"
+            )
+        for step in (10, 20):
+            conn.exec_driver_sql(f"INSERT INTO metric VALUES (1, 'val/loss', {step}, 1, 0.5, 0.0)")
+            conn.exec_driver_sql(
+                f"INSERT INTO metric VALUES (1, 'train/loss', {step}, 1, 0.5, 0.0)"
+            )
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    batch = read_events(engine, 1, 0)
+    assert batch.ended
+    assert [(e.id, e.kind) for e in batch.events] == [
+        (1, "log"),
+        (2, "log"),
+        (3, "log"),
+        (4, "metric"),
+        (5, "metric"),
+        (6, "metric"),
+        (7, "metric"),
+        (8, "status"),
+    ]
+    assert [e.data["name"] for e in batch.events if e.kind == "metric"] == [
+        "train/loss",
+        "val/loss",
+        "train/loss",
+        "val/loss",
+    ]
+    engine.dispose()

@@ -83,7 +83,7 @@ def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
         fence.job_id: (JobStatus.running, None)
     }
     assert not store.report(engine, stale, progress={"step": 1})
-    assert not store.append_logs(engine, stale, [(0.0, "stdout", "x")])
+    assert not store.append_logs(engine, stale, [(0.0, "stdout", "x")], max_lines=100)
     assert store.finish_attempt(engine, stale, Outcome(JobStatus.succeeded, "ok", "ok")) is None
     done = store.finish_attempt(engine, fence, Outcome(JobStatus.succeeded, "succeeded", "trained"))
     assert done is not None and done.status == JobStatus.succeeded

@@ -1,0 +1,188 @@
+"""A job's event stream: status changes, progress, metric points and log lines, in order.
+
+Everything a watcher can see of a job carries a number from the job's own counter
+(``Job.event_seq``), taken under the job row's lock in the transaction that writes it, so
+numbers are committed in order. A reader that first reads the counter (``upto``) and then
+the rows numbered up to it sees every one of them: resuming after a number gives no gap
+and no duplicate. Status and progress are state, kept on the job row: a watcher gets their
+latest value when it changed after its number.
+
+One ``_Feed`` per watched job and API process polls the database and fans events out to
+all of that job's watchers, so a hundred watchers cost one poll, not a hundred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from anyio import to_thread
+from sqlalchemy import Engine, RowMapping, Table, select
+from sqlmodel import Session
+
+from service.db import read_session
+from service.errors import JobNotFound
+from service.models import Job, JobRead, JobStatus, LogLine, LogLineRead, Metric, MetricRead
+
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+PAGE = 2_000  # rows of each kind per read: a long job's history streams in pieces
+POLL_S = 0.2  # a feed's database poll while someone watches
+BUFFER = 20_000  # recent events a feed keeps for watchers that are a little behind
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    kind: str  # status, progress, metric or log
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Batch:
+    events: list[Event]
+    position: int  # the number the batch reaches: resume after it
+    ended: bool  # the job finished and nothing after ``position`` will come
+
+
+def read_events(engine: Engine, job_id: int, after: int | None) -> Batch:
+    """Events of a job numbered after ``after`` (None: none, just the current position)."""
+    with read_session(engine) as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        upto = job.event_seq
+        if after is None or upto <= after:
+            return Batch([], upto, job.status in TERMINAL)
+        metrics = _page(session, _METRIC, _METRIC_FIELDS, job_id, after, upto)
+        logs = _page(session, _LOG, _LOG_FIELDS, job_id, after, upto)
+    # A full page may stop short of upto: end this batch where the shorter page ends.
+    for page in (metrics, logs):
+        if len(page) == PAGE:
+            upto = min(upto, page[-1]["seq"])
+    events = [Event(m["seq"], "metric", _without_seq(m)) for m in metrics if m["seq"] <= upto]
+    events += [Event(line["seq"], "log", dict(line)) for line in logs if line["seq"] <= upto]
+    if after < job.progress_seq <= upto and job.progress is not None:
+        events.append(Event(job.progress_seq, "progress", job.progress))
+    if after < job.status_seq <= upto:
+        events.append(
+            Event(job.status_seq, "status", JobRead.from_row(job).model_dump(mode="json"))
+        )
+    events.sort(key=lambda e: e.id)
+    return Batch(events, upto, job.status in TERMINAL and upto == job.event_seq)
+
+
+_METRIC = Metric.__table__  # type: ignore[attr-defined]
+_LOG = LogLine.__table__  # type: ignore[attr-defined]
+_METRIC_FIELDS = ["seq", *MetricRead.model_fields]
+_LOG_FIELDS = list(LogLineRead.model_fields)
+
+
+def _page(
+    session: Session, table: Table, fields: list[str], job_id: int, after: int, upto: int
+) -> list[RowMapping]:
+    """The first PAGE rows of a job numbered in (after, upto], in order."""
+    seq = table.c.seq
+    query = (
+        select(*(table.c[f] for f in fields))
+        .where(table.c.job_id == job_id, seq > after, seq <= upto)
+        .order_by(seq)
+        .limit(PAGE)
+    )
+    return list(session.execute(query).mappings())
+
+
+def _without_seq(row: RowMapping) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "seq"}
+
+
+class _Feed:
+    """The recent events of one job, polled from the database while anyone watches."""
+
+    def __init__(self, feeds: JobFeeds, job_id: int, start: Batch) -> None:
+        self.feeds = feeds
+        self.job_id = job_id
+        self.start = start.position  # the buffer holds events numbered after this
+        self.position = start.position
+        self.ended = start.ended
+        self.recent: deque[Event] = deque()
+        self.watchers = 0
+        self.changed = asyncio.Condition()
+        self.task = asyncio.create_task(self._poll())
+
+    def after(self, cursor: int) -> list[Event] | None:
+        """Buffered events after ``cursor``; None when the buffer no longer reaches back."""
+        if cursor < self.start:
+            return None
+        return [e for e in self.recent if e.id > cursor]
+
+    async def _poll(self) -> None:
+        try:
+            while self.watchers and not self.ended:
+                batch = await to_thread.run_sync(
+                    read_events, self.feeds.engine, self.job_id, self.position
+                )
+                self.recent.extend(batch.events)
+                while len(self.recent) > BUFFER:
+                    self.start = self.recent.popleft().id
+                self.position, self.ended = batch.position, batch.ended
+                if batch.events or batch.ended:
+                    async with self.changed:
+                        self.changed.notify_all()
+                if not batch.events:
+                    await asyncio.sleep(self.feeds.poll_s)
+        finally:
+            self.feeds.close(self)
+            async with self.changed:
+                self.changed.notify_all()  # watchers then read on their own
+
+    async def wait(self, cursor: int) -> None:
+        """Until the feed passes ``cursor`` (or a poll interval, once the feed stopped)."""
+        if self.task.done():
+            await asyncio.sleep(self.feeds.poll_s)
+            return
+        async with self.changed:
+            if self.position <= cursor and not self.ended:
+                await self.changed.wait()
+
+
+class JobFeeds:
+    """The feeds of one API process, by job."""
+
+    def __init__(self, engine: Engine, poll_s: float = POLL_S) -> None:
+        self.engine = engine
+        self.poll_s = poll_s
+        self.feeds: dict[int, _Feed] = {}
+
+    def close(self, feed: _Feed) -> None:
+        if self.feeds.get(feed.job_id) is feed:
+            del self.feeds[feed.job_id]
+
+    async def watch(self, job_id: int, after: int) -> AsyncIterator[Event]:
+        """Every event of the job after ``after``, live, until the job has finished."""
+        feed = self.feeds.get(job_id)
+        if feed is None:
+            start = await to_thread.run_sync(read_events, self.engine, job_id, None)
+            feed = self.feeds.get(job_id)  # another watcher may have made one meanwhile
+            if feed is None:
+                feed = self.feeds[job_id] = _Feed(self, job_id, start)
+        feed.watchers += 1
+        try:
+            cursor = after
+            while True:
+                position, ended = feed.position, feed.ended
+                events = None if feed.task.done() else feed.after(cursor)
+                if events is None:  # behind the feed's buffer, or the feed stopped
+                    batch = await to_thread.run_sync(read_events, self.engine, job_id, cursor)
+                    events, position, ended = batch.events, batch.position, batch.ended
+                for event in events:
+                    yield event
+                cursor = max(cursor, position)
+                if ended:
+                    return
+                if not events:
+                    await feed.wait(cursor)
+        finally:
+            feed.watchers -= 1

@@ -1,0 +1,72 @@
+"""Event numbering, paged reads of the event stream, and the per-job log bound."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine
+
+from service import events, store
+from service.events import read_events
+from service.models import JobCreate
+from service.store import Fence, Outcome
+from tests.service.test_store import CLAIM
+
+
+def _running_job(engine: Engine) -> Fence:
+    store.create_job(engine, JobCreate(recipe="r"))
+    job = store.claim_job(engine, **CLAIM)
+    assert job is not None and job.id is not None and job.lease_token is not None
+    return Fence(job.id, job.attempt, job.lease_token)
+
+
+def test_paged_reads_from_any_point_see_each_event_once_in_order(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events, "PAGE", 4)  # many pages, ending on either kind
+    fence = _running_job(engine)
+    for step in range(1, 12):
+        point = {"name": "train/loss", "step": step, "epoch": 1, "value": 1 / step, "time": 0.0}
+        assert store.report(engine, fence, progress={"step": step}, metrics=[point])
+        lines = [(0.0, "stdout", f"step {step} line {i}") for i in range(step % 3)]
+        assert store.append_logs(engine, fence, lines, max_lines=1000)
+    done = Outcome(store.S.succeeded, "succeeded", "finished")
+    assert store.finish_attempt(engine, fence, done) is not None
+
+    def drain(after: int) -> list[events.Event]:
+        got: list[events.Event] = []
+        while True:
+            batch = read_events(engine, fence.job_id, after)
+            got += batch.events
+            assert batch.position >= after
+            after = batch.position
+            if batch.ended:
+                return got
+
+    everything = drain(0)
+    ids = [e.id for e in everything]
+    assert ids == sorted(set(ids))
+    history = [e for e in everything if e.kind in ("metric", "log")]
+    assert [e.data["step"] for e in history if e.kind == "metric"] == list(range(1, 12))
+    assert sum(e.kind == "log" for e in history) == sum(s % 3 for s in range(1, 12))
+    assert everything[-1].kind == "status" and everything[-1].data["status"] == "succeeded"
+    # only the latest progress is state worth sending
+    assert [e.data for e in everything if e.kind == "progress"] == [{"step": 11}]
+    for cut in range(len(everything)):  # resuming after any event gives exactly the rest
+        rest = drain(everything[cut].id)
+        assert [e.id for e in rest] == ids[cut + 1 :]
+
+
+def test_log_bound_keeps_the_head_and_the_newest_lines_with_a_marker(engine: Engine) -> None:
+    fence = _running_job(engine)
+    printed = [f"line {i}" for i in range(1, 251)]
+    for start in range(0, 250, 7):
+        batch = [(0.0, "stdout", text) for text in printed[start : start + 7]]
+        assert store.append_logs(engine, fence, batch, max_lines=100)
+    batch = read_events(engine, fence.job_id, 0)
+    kept = [e.data["text"] for e in batch.events if e.kind == "log"]
+    assert len(kept) == 100
+    assert kept[:50] == printed[:50]  # how the job started
+    assert kept[51:] == printed[-49:]  # and the last lines before it ended
+    assert kept[50].startswith("[trainyard] 151 line(s) dropped here")
+    job = store.load_job(engine, fence.job_id)
+    assert (job.log_count, job.log_dropped) == (100, 151)
