@@ -37,14 +37,15 @@ def register_worker(engine: Engine, worker: Worker) -> None:
         session.merge(worker)
 
 
-def worker_heartbeat(engine: Engine, worker_id: str) -> None:
-    """Mark the worker alive now."""
+def worker_heartbeat(
+    engine: Engine, worker_id: str, devices: list[dict[str, Any]] | None = None
+) -> None:
+    """Mark the worker alive now; with ``devices``, also their latest utilisation."""
+    values: dict[str, Any] = {"heartbeat_at": utcnow(), "stopped_at": None}
+    if devices is not None:
+        values["devices"] = devices
     with write_session(engine) as session:
-        session.execute(
-            update(Worker)
-            .where(Worker.id == worker_id)
-            .values(heartbeat_at=utcnow(), stopped_at=None)
-        )
+        session.execute(update(Worker).where(Worker.id == worker_id).values(**values))
 
 
 def worker_stopped(engine: Engine, worker_id: str) -> None:

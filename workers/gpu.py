@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,35 @@ def describe(indices: list[int]) -> dict[str, object] | None:
         return {"driver": pynvml.nvmlSystemGetDriverVersion(), "gpus": names}
     except Exception:
         log.exception("NVML could not describe GPUs %s", indices)
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def sample(devices: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The devices with their current utilisation and memory in use; None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        sampled = []
+        for device in devices:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device["index"])
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            sampled.append(
+                {
+                    **device,
+                    "utilization_percent": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                    "memory_used_bytes": memory.used,
+                    "memory_total_bytes": memory.total,
+                }
+            )
+        return sampled
+    except Exception:
+        log.exception("NVML could not sample the GPUs")
         return None
     finally:
         pynvml.nvmlShutdown()

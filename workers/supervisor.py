@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from service import catalog, store
 from service.db import make_engine
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # Claim latency bound while idle. An idle poll is one indexed read, no write lock.
 POLL_INTERVAL_S = 0.05
+GPU_SAMPLE_EVERY_S = 5.0  # GPU utilisation and memory, for /metrics
 # Lease, heartbeat, kill grace, stall and reservation times are operator settings
 # (service/settings.py); the keyword arguments below override them in tests.
 
@@ -67,6 +69,7 @@ class Supervisor:
         self._env = self._runner_env()
         self.zygote: Zygote | None = None
         self.gpu_pids = gpu.compute_pids  # replaceable in tests: there is no GPU there
+        self.sampled_at = float("-inf")
 
     # --- public ------------------------------------------------------------------
 
@@ -146,8 +149,17 @@ class Supervisor:
         for job_id in store.abandon_worker_jobs(self.engine, self.worker_id):
             log.warning("job %s: requeued after this worker restarted", job_id)
 
+    def _sample_devices(self) -> list[dict[str, Any]] | None:
+        """GPU utilisation and memory for /metrics, every GPU_SAMPLE_EVERY_S (NVML init
+        costs milliseconds: not on every heartbeat)."""
+        now = time.monotonic()
+        if self.accelerator != "cuda" or now - self.sampled_at < GPU_SAMPLE_EVERY_S:
+            return None
+        self.sampled_at = now
+        return gpu.sample(self.devices)
+
     def _heartbeat(self) -> None:
-        catalog.worker_heartbeat(self.engine, self.worker_id)
+        catalog.worker_heartbeat(self.engine, self.worker_id, self._sample_devices())
         live = {jid: a for jid, a in self.attempts.items() if a.stop_reason != "lease_lost"}
         held = store.renew_lease(self.engine, [a.fence for a in live.values()], self.lease_s)
         now = time.monotonic()

@@ -72,6 +72,26 @@ class QueueCollector(Collector):
             devices.add_metric([worker_id], len(worker_devices))
         yield age
         yield devices
+        yield from _gpu_families(workers)
+
+
+# Per-GPU gauges: worker heartbeats carry what NVML last said (CUDA workers only).
+_GPU_GAUGES = {
+    "utilization_percent": ("trainyard_gpu_utilization_percent", "GPU busy time, NVML."),
+    "memory_used_bytes": ("trainyard_gpu_memory_used_bytes", "GPU memory in use, NVML."),
+    "memory_total_bytes": ("trainyard_gpu_memory_total_bytes", "GPU memory, NVML."),
+}
+
+
+def _gpu_families(workers: Any) -> Iterator[GaugeMetricFamily]:
+    for key, (name, doc) in _GPU_GAUGES.items():
+        family = GaugeMetricFamily(name, doc, labels=["worker", "device", "name"])
+        for worker_id, _, worker_devices in workers:
+            for device in worker_devices:
+                if key in device:
+                    labels = [worker_id, str(device["index"]), str(device.get("name", ""))]
+                    family.add_metric(labels, device[key])
+        yield family
 
 
 class Instruments:

@@ -9,8 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
 from service import store
+from service.catalog import worker_heartbeat
 from service.models import JobStatus
 from service.store import Fence, Outcome
+from workers import gpu
 
 SPEC = {"recipe": "mlp-regression", "devices": 1, "accelerator": "cpu"}
 
@@ -64,3 +66,25 @@ def test_metrics_count_jobs_workers_and_requests(
     count = value(latency, "trainyard_http_request_duration_seconds_count",
                   method="POST", route="/api/v1/jobs")  # fmt: skip
     assert count == 3
+
+
+def test_gpu_gauges_come_from_what_worker_heartbeats_sampled(
+    client: TestClient, add_worker: Any, engine: Engine
+) -> None:
+    add_worker("gpubox", slots=2, accelerator="cuda")
+    sampled = [
+        {"index": i, "kind": "cuda", "name": "H200", "utilization_percent": 50 + i,
+         "memory_used_bytes": 2**30 * (i + 1), "memory_total_bytes": 141 * 2**30}
+        for i in range(2)
+    ]  # fmt: skip
+    worker_heartbeat(engine, "gpubox", sampled)  # as a CUDA worker's heartbeat writes them
+    add_worker("cpubox")  # CPU slots have no such gauges
+    families = scrape(client)
+    util = families["trainyard_gpu_utilization_percent"]
+    assert value(util, "trainyard_gpu_utilization_percent", worker="gpubox", device="1",
+                 name="H200") == 51  # fmt: skip
+    used = families["trainyard_gpu_memory_used_bytes"]
+    assert value(used, "trainyard_gpu_memory_used_bytes", worker="gpubox", device="0",
+                 name="H200") == 2**30  # fmt: skip
+    assert {s.labels["worker"] for s in util.samples} == {"gpubox"}
+    assert gpu.sample([{"index": 0}]) is None  # this machine has no NVML: nothing made up
