@@ -1,0 +1,183 @@
+// One job: status, progress with ETA, live loss chart, log tail, spec, result, error
+// and the reproducibility record, all kept current by the job's event stream.
+
+import { api } from "./api.js";
+import { LossChart } from "./chart.js";
+import {
+  duration,
+  fill,
+  fraction,
+  h,
+  num,
+  progressBar,
+  statusBadge,
+  TERMINAL,
+  when,
+} from "./dom.js";
+import { LogTail } from "./logtail.js";
+import { followEvents } from "./sse.js";
+
+const SPEC_FIELDS = [
+  "recipe", "strategy", "devices", "accelerator", "epochs", "batch_size", "lr",
+  "optimizer", "seed", "precision", "priority", "max_attempts", "timeout_s", "checkpoint_every",
+];
+
+export function jobView(root, id) {
+  const stop = new AbortController();
+  const signal = stop.signal;
+  const ui = skeleton(id);
+  fill(root, ui.page);
+  const chart = new LossChart(ui.chart);
+  const log = new LogTail(ui.log, ui.logCount);
+  let job = null;
+
+  const show = (next) => {
+    job = next;
+    renderJob(ui, job);
+  };
+
+  ui.cancel.addEventListener("click", async () => {
+    if (!confirm(`Cancel job ${id}?`)) return;
+    ui.cancel.disabled = true;
+    try {
+      show(await api.post(`/jobs/${id}/cancel`));
+    } catch (err) {
+      fill(ui.notice, err.message);
+      ui.cancel.disabled = TERMINAL.has(job?.status);
+    }
+  });
+
+  const onEvent = (type, data) => {
+    if (type === "status") show(data);
+    else if (type === "progress") renderProgress(ui, data, job?.status);
+    else if (type === "metric") chart.add(data);
+    else if (type === "log") log.add(data);
+  };
+  const onState = (state) => {
+    ui.stream.textContent = { live: "live", reconnecting: "reconnecting…", ended: "" }[state];
+  };
+
+  // The GET draws the page at once and answers "no such job" plainly; the stream then
+  // replays everything from the job's start and follows it live.
+  api
+    .get(`/jobs/${id}`, { signal })
+    .then((first) => {
+      show(first);
+      return followEvents(`/jobs/${id}/events`, onEvent, { signal, onState });
+    })
+    .catch((err) => {
+      if (!signal.aborted) fill(ui.notice, err.message);
+    });
+
+  return () => {
+    stop.abort();
+    chart.destroy();
+    log.destroy();
+  };
+}
+
+function skeleton(id) {
+  const ui = {
+    title: h("h2", {}, `Job ${id}`),
+    status: h("span", { id: "job-status" }),
+    stream: h("span", { class: "stream-state muted", id: "stream-state" }),
+    cancel: h("button", { id: "cancel-job", class: "danger", disabled: true }, "Cancel"),
+    notice: h("p", { class: "error", role: "alert", id: "job-notice" }),
+    reason: h("p", { class: "reason", id: "job-reason" }),
+    bar: h("div", { class: "progress-wide" }),
+    progressText: h("p", { class: "muted", id: "progress-text" }),
+    chart: h("div", { class: "chart", id: "loss-chart" }),
+    log: h("div", { class: "log", id: "log" }),
+    logCount: h("span", { class: "muted" }),
+    spec: h("dl", { class: "pairs", id: "job-spec" }),
+    result: h("section", { class: "card", id: "job-result", hidden: true }),
+    error: h("section", { class: "card error-card", id: "job-error", hidden: true }),
+    environment: h("dl", { class: "pairs", id: "job-environment" }),
+  };
+  ui.page = h(
+    "article",
+    { class: "job" },
+    h("div", { class: "job-head" }, ui.title, ui.status, ui.stream, h("span", { class: "grow" }), ui.cancel),
+    ui.notice,
+    ui.reason,
+    ui.bar,
+    ui.progressText,
+    ui.error,
+    h("section", { class: "card" }, h("h3", {}, "Loss"), ui.chart),
+    h("section", { class: "card" }, h("h3", {}, "Log ", ui.logCount), ui.log),
+    ui.result,
+    h(
+      "div",
+      { class: "columns" },
+      h("section", { class: "card" }, h("h3", {}, "Spec"), ui.spec),
+      h("section", { class: "card" }, h("h3", {}, "Reproducibility record"), ui.environment),
+    ),
+  );
+  return ui;
+}
+
+function renderJob(ui, job) {
+  document.title = `Job ${job.id} · ${job.status} — Trainyard`;
+  fill(ui.title, `Job ${job.id}`, job.name ? h("small", {}, ` ${job.name}`) : null);
+  fill(ui.status, statusBadge(job.status));
+  ui.cancel.disabled = TERMINAL.has(job.status) || job.status === "cancelling";
+  fill(ui.reason, job.reason ? `${job.reason.message} (${job.reason.code})` : "");
+  renderProgress(ui, job.progress, job.status);
+  fill(ui.spec, pairs(specOf(job)));
+  fill(ui.environment, job.environment ? pairs(job.environment) : h("dd", { class: "muted" }, "not run yet"));
+  ui.result.hidden = !job.result;
+  if (job.result) fill(ui.result, h("h3", {}, "Result"), h("dl", { class: "pairs" }, pairs(job.result)));
+  ui.error.hidden = !job.error;
+  if (job.error) {
+    const { type, message, traceback } = job.error;
+    fill(
+      ui.error,
+      h("h3", {}, "Error"),
+      h("p", {}, h("strong", {}, type ?? "error"), `: ${message ?? ""}`),
+      traceback ? h("pre", {}, [].concat(traceback).join("\n")) : null,
+    );
+  }
+}
+
+function renderProgress(ui, progress, status) {
+  fill(ui.bar, progressBar(progress, status));
+  if (!progress) {
+    fill(ui.progressText, "");
+    return;
+  }
+  const p = progress;
+  const pct = Math.round(fraction(p) * 100);
+  const parts = [
+    `epoch ${p.epoch}/${p.epochs}`,
+    `step ${p.step}/${p.total_steps} (${pct}%)`,
+    `loss ${num(p.loss)}`,
+    p.samples_per_s ? `${Math.round(p.samples_per_s)} samples/s` : null,
+    TERMINAL.has(status) ? null : `ETA ${duration(p.eta_s)}`,
+  ];
+  fill(ui.progressText, parts.filter(Boolean).join(" · "));
+}
+
+function specOf(job) {
+  const spec = Object.fromEntries(SPEC_FIELDS.map((k) => [k, job[k]]));
+  return {
+    ...spec,
+    params: job.params,
+    attempt: `${job.attempt} of ${job.max_attempts}`,
+    worker: job.worker_id,
+    devices_held: job.assigned_devices,
+    queue_position: job.queue_position,
+    created: when(job.created_at),
+    started: when(job.started_at),
+    finished: when(job.finished_at),
+  };
+}
+
+/** <dt>/<dd> pairs; nested values as compact JSON. */
+function pairs(record) {
+  return Object.entries(record)
+    .filter(([, v]) => v !== null && v !== undefined)
+    .flatMap(([k, v]) => [
+      h("dt", {}, k),
+      h("dd", {}, typeof v === "object" ? JSON.stringify(v) : typeof v === "number" ? num(v, 6) : String(v)),
+    ]);
+}

@@ -1,0 +1,37 @@
+// The dashboard's router: the URL fragment picks a view (#/jobs, #/jobs/7, #/submit).
+// A view draws itself into the main element and returns a function that stops its
+// timers and streams when another view replaces it.
+
+import { h } from "./dom.js";
+import { jobView } from "./job.js";
+import { jobsView } from "./jobs.js";
+import { submitView } from "./submit.js";
+
+const ROUTES = [
+  [/^#\/jobs\/(\d+)$/, "jobs", (root, match) => jobView(root, Number(match[1]))],
+  [/^#\/jobs$/, "jobs", (root, _match, params) => jobsView(root, params)],
+  [/^#\/submit$/, "submit", (root) => submitView(root)],
+];
+
+const root = document.getElementById("view");
+let leave = () => {};
+
+function route() {
+  leave();
+  leave = () => {};
+  document.title = "Trainyard";
+  const [path, query = ""] = (location.hash || "#/jobs").split("?");
+  const found = ROUTES.map(([re, nav, view]) => [path.match(re), nav, view]).find(([m]) => m);
+  for (const a of document.querySelectorAll("[data-nav]")) {
+    a.classList.toggle("current", Boolean(found) && a.dataset.nav === found[1]);
+  }
+  if (!found) {
+    root.replaceChildren(h("p", {}, "Nothing here. ", h("a", { href: "#/jobs" }, "See the jobs.")));
+    return;
+  }
+  const [match, , view] = found;
+  leave = view(root, match, new URLSearchParams(query)) ?? leave;
+}
+
+window.addEventListener("hashchange", route);
+route();
