@@ -18,6 +18,8 @@ from service.settings import Settings
 # Seconds a SQLite writer waits for the lock before giving up. Far above any transaction
 # we run (all are short), so "database is locked" means a bug, not load.
 SQLITE_BUSY_TIMEOUT_S = 30.0
+# PostgreSQL: a session idle inside a transaction this long is ended by the server.
+IDLE_IN_TRANSACTION_MS = 5_000
 
 
 def make_engine(settings_or_url: Settings | str) -> Engine:
@@ -25,7 +27,18 @@ def make_engine(settings_or_url: Settings | str) -> Engine:
     url = settings_or_url if isinstance(settings_or_url, str) else settings_or_url.database_url
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        # A process stopped (or hung) inside a transaction would hold its row locks for as
+        # long as it is stopped; the server ends such a session after a few seconds instead
+        # (every transaction here lasts milliseconds). Pre-ping replaces connections a
+        # database restart broke, so the API and workers recover by themselves.
+        options = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=10,
+            max_overflow=20,
+            connect_args={"options": options, "connect_timeout": 5},
+        )
 
     pool: dict[str, Any] = {}
     if parsed.database and parsed.database != ":memory:":

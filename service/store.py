@@ -612,7 +612,10 @@ def _abandon(engine: Engine, where: list[Any], code: str, message: str) -> list[
     now = utcnow()
     changed: list[int] = []
     with write_session(engine) as session:
-        jobs = session.exec(select(Job).where(col(Job.status).in_(ACTIVE), *where)).scalars().all()
+        # SKIP LOCKED (PostgreSQL): a job whose row another session holds is that session's
+        # business now; the next pass sees it again.
+        query = select(Job).where(col(Job.status).in_(ACTIVE), *where)
+        jobs = session.exec(query.with_for_update(skip_locked=True)).scalars().all()
         for job in jobs:
             common = _lease_ended(code, message.format(worker=job.worker_id))
             if job.status == S.cancelling:

@@ -16,16 +16,34 @@ from service.db import make_engine
 from service.migrate import upgrade
 from service.models import Worker
 from service.settings import Settings
+from tests.databases import empty, throwaway_postgres
 
 TESTS_DIR = Path(__file__).parent
 RECIPES_DIR = TESTS_DIR / "recipes_dir"
 
 
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """This run's PostgreSQL database (skipped where there is no server, unless required)."""
+    with throwaway_postgres() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty, migrated database of each kind: every test that uses one runs on both."""
+    if request.param == "postgresql":
+        url: str = request.getfixturevalue("postgres_url")
+        empty(url)
+        return url
+    url = f"sqlite:///{tmp_path / 'trainyard.db'}"
+    upgrade(url)
+    return url
+
+
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    db = tmp_path / "trainyard.db"
-    upgrade(f"sqlite:///{db}")
-    return Settings(database_url=f"sqlite:///{db}", data_dir=tmp_path / "data", api_token=None)
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(database_url=database_url, data_dir=tmp_path / "data", api_token=None)
 
 
 @pytest.fixture

@@ -3,12 +3,10 @@ end-to-end tests and the benchmarks."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from sqlalchemy import create_engine, text
 
 from service.migrate import upgrade
 
@@ -90,17 +89,24 @@ class Stack:
         )
         return proc
 
-    def db(self) -> sqlite3.Connection:
-        """The stack's database, for facts the API does not show (process group ids)."""
-        return sqlite3.connect(self.env["TRAINYARD_DATABASE_URL"].removeprefix("sqlite:///"))
+    @property
+    def database_url(self) -> str:
+        return self.env["TRAINYARD_DATABASE_URL"]
+
+    def query(self, sql: str, **params: Any) -> list[Any]:
+        """Rows from the stack's database, for facts the API does not show."""
+        engine = create_engine(self.database_url)
+        try:
+            with engine.connect() as conn:
+                return list(conn.execute(text(sql), params))
+        finally:
+            engine.dispose()
 
     def runner_pgid(self, job_id: int) -> int:
         """The process group of the job's runner (recorded just after the claim)."""
 
         def recorded() -> int | None:
-            with contextlib.closing(self.db()) as conn:
-                query = "SELECT runner_pgid FROM job WHERE id = ?"
-                (pgid,) = conn.execute(query, (job_id,)).fetchone()
+            [(pgid,)] = self.query("SELECT runner_pgid FROM job WHERE id = :id", id=job_id)
             return int(pgid) if pgid is not None else None
 
         return wait_for(recorded, 10, f"job {job_id}'s runner")
@@ -159,15 +165,18 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def running_stack(tmp: Path, **settings: object) -> Iterator[Stack]:
-    """API server on a free port (settings as TRAINYARD_* variables); workers are started
-    by the caller. Everything is stopped on exit."""
-    db = tmp / "trainyard.db"
-    upgrade(f"sqlite:///{db}")
+def running_stack(
+    tmp: Path, database_url: str | None = None, **settings: object
+) -> Iterator[Stack]:
+    """API server on a free port (settings as TRAINYARD_* variables) on a migrated database
+    (default: a new SQLite file); workers are started by the caller. All stop on exit."""
+    if database_url is None:
+        database_url = f"sqlite:///{tmp / 'trainyard.db'}"
+        upgrade(database_url)
     port = free_port()
     env = {
         **os.environ,
-        "TRAINYARD_DATABASE_URL": f"sqlite:///{db}",
+        "TRAINYARD_DATABASE_URL": database_url,
         "TRAINYARD_DATA_DIR": str(tmp / "data"),
         "TRAINYARD_PORT": str(port),
         "TRAINYARD_RECIPES_DIR": str(RECIPES_DIR),

@@ -11,7 +11,8 @@ from tests.stack import Stack, running_stack
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    """API server on a free port and a temp data dir; tests start the workers they need."""
-    with running_stack(tmp_path) as s:
+def stack(tmp_path: Path, database_url: str) -> Iterator[Stack]:
+    """API server on a free port and a temp data dir, on each kind of database; tests
+    start the workers they need."""
+    with running_stack(tmp_path, database_url) as s:
         yield s

@@ -1,0 +1,55 @@
+"""The databases the suite runs on: a SQLite file per test, and one throwaway PostgreSQL
+database per test run (emptied between tests) on the server in TRAINYARD_TEST_POSTGRES."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from service.migrate import upgrade
+
+# The server, by a database on it that we may connect to in order to create our own.
+ADMIN_URL = os.environ.get(
+    "TRAINYARD_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+# CI sets this: there a missing server is a failure, not a reason to skip.
+REQUIRED = os.environ.get("TRAINYARD_TEST_REQUIRE_POSTGRES") == "1"
+TABLES = ("log_line", "metric", "job", "worker")
+
+
+@contextmanager
+def throwaway_postgres() -> Iterator[str]:
+    """A new, migrated database on the server; dropped afterwards."""
+    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"trainyard_test_{os.getpid()}_{secrets.token_hex(3)}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        message = f"PostgreSQL at {make_url(ADMIN_URL).render_as_string()} unavailable: {exc}"
+        if REQUIRED:
+            raise RuntimeError(message) from exc
+        pytest.skip(message)
+    url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def empty(url: str) -> None:
+    """Delete every row (and restart the ids) between tests."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    engine.dispose()
