@@ -6,8 +6,12 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from tests.databases import throwaway_postgres
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -47,3 +51,16 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+@contextmanager
+def database(kind: str) -> Iterator[str | None]:
+    """A migrated database URL of this kind for one benchmark (None: the stack's own
+    SQLite file); a PostgreSQL one is created on TRAINYARD_TEST_POSTGRES and dropped."""
+    if kind == "sqlite":
+        yield None
+    elif kind == "postgresql":
+        with throwaway_postgres() as url:
+            yield url
+    else:
+        raise SystemExit(f"unknown database {kind!r}: sqlite or postgresql")

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import print_table, save
+from benchmarks.common import database, print_table, save
 from tests.stack import Stack, running_stack
 
 
@@ -42,24 +42,37 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=10)
+    parser.add_argument("--databases", default="sqlite,postgresql")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, running_stack(Path(tmp)) as stack:
-        stack.start_worker()
-        for strategy, devices in (("single", 1), ("ddp", 2)):
-            one(stack, strategy, devices)  # warm-up: first fork after the zygote preloaded
-            runs = [one(stack, strategy, devices) for _ in range(args.jobs)]
-            to_running = [r[0] * 1000 for r in runs]
-            to_step = [r[1] * 1000 for r in runs]
-            rows.append({
+    for kind in args.databases.split(","):
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            database(kind) as url,
+            running_stack(Path(tmp), url) as stack,
+        ):
+            stack.start_worker()
+            rows += measure(stack, kind, args.jobs)
+    print_table(f"start latency ({args.jobs} jobs each)", rows)
+    save("latency", rows)
+
+
+def measure(stack: Stack, kind: str, jobs: int) -> list[dict[str, Any]]:
+    rows = []
+    for strategy, devices in (("single", 1), ("ddp", 2)):
+        one(stack, strategy, devices)  # warm-up: first fork after the zygote preloaded
+        runs = [one(stack, strategy, devices) for _ in range(jobs)]
+        to_running = [r[0] * 1000 for r in runs]
+        to_step = [r[1] * 1000 for r in runs]
+        rows.append({
+                "database": kind,
                 "strategy": f"{strategy}({devices})",
                 "to_running_p50_ms": statistics.median(to_running),
                 "to_running_p90_ms": pct(to_running, 0.9),
                 "to_first_step_p50_ms": statistics.median(to_step),
                 "to_first_step_p90_ms": pct(to_step, 0.9),
-            })  # fmt: skip
-    print_table(f"start latency ({args.jobs} jobs each)", rows)
-    save("latency", rows)
+        })  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

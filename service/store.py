@@ -29,6 +29,7 @@ from service.models import (
     Metric,
     utcnow,
 )
+from service.wakeup import announce_job
 
 S = JobStatus
 # target status -> the statuses a job may reach it from
@@ -99,7 +100,10 @@ def _transition(
         .returning(Job)
         .execution_options(synchronize_session=False, populate_existing=True)
     )
-    return session.exec(stmt).scalar_one_or_none()
+    job = session.exec(stmt).scalar_one_or_none()
+    if job is not None and to == S.queued:
+        announce_job(session)  # a retry or a job handed back: claimable again
+    return job
 
 
 # --- submit, read, cancel (API side) -------------------------------------------------
@@ -134,6 +138,7 @@ def create_job(
             },
         ).model_dump(exclude={"id"})
         inserted = session.execute(_INSERT, row).one()
+        announce_job(session)
         return Job(**inserted._mapping), True
 
 

@@ -22,6 +22,7 @@ from service.db import make_engine
 from service.models import JobStatus, Worker
 from service.settings import Settings
 from service.store import Outcome
+from service.wakeup import JobListener, can_listen
 from workers import devices as device_info
 from workers import gpu
 from workers.attempt import Attempt, kill_leftovers
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # Claim latency bound while idle. An idle poll is one indexed read, no write lock.
 POLL_INTERVAL_S = 0.05
+# With LISTEN/NOTIFY (PostgreSQL) an idle worker polls only this often, as a fallback.
+NOTIFIED_FALLBACK_POLL_S = 1.0
 GPU_SAMPLE_EVERY_S = 5.0  # GPU utilisation and memory, for /metrics
 # Lease, heartbeat, kill grace, stall and reservation times are operator settings
 # (service/settings.py); the keyword arguments below override them in tests.
@@ -70,6 +73,10 @@ class Supervisor:
         self.zygote: Zygote | None = None
         self.gpu_pids = gpu.compute_pids  # replaceable in tests: there is no GPU there
         self.sampled_at = float("-inf")
+        # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
+        self.listener = (
+            JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
+        )
 
     # --- public ------------------------------------------------------------------
 
@@ -86,6 +93,8 @@ class Supervisor:
             ", ".join(sorted(self.recipes)),
         )
         next_heartbeat = 0.0
+        if self.listener is not None:
+            self.listener.start()
         try:
             while True:
                 now = time.monotonic()
@@ -100,10 +109,17 @@ class Supervisor:
                 if drain and not claimed and not self.attempts and not self._pending():
                     break
                 if not claimed:
-                    self._wake.wait(self.poll_interval_s)
+                    self._wake.wait(self._idle_wait())
                     self._wake.clear()
         finally:
             self._shutdown()
+
+    def _idle_wait(self) -> float:
+        """How long to sleep when nothing was claimed: the poll interval, unless idle and
+        woken by notifications, when only a lost notification waits for the fallback."""
+        if self.listener is None or self.attempts:
+            return self.poll_interval_s
+        return min(NOTIFIED_FALLBACK_POLL_S, self.heartbeat_interval_s)
 
     def stop(self, *, now: bool = False) -> None:
         """Stop claiming and hand running jobs back; ``now`` kills them without grace."""
@@ -352,6 +368,8 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         """Leave nothing running: kill what is left, hand its jobs back, say goodbye."""
+        if self.listener is not None:
+            self.listener.stop()
         for attempt in self.attempts.values():
             attempt.request_stop("shutdown", 0.0)
         deadline = time.monotonic() + self.kill_grace_s

@@ -1,0 +1,63 @@
+"""Wake idle workers the moment a job becomes claimable.
+
+On PostgreSQL every change that makes a job claimable (a submit, a retry, a job handed
+back) sends ``NOTIFY trainyard_jobs`` in its own transaction, so the notification goes out
+when, and only if, the change commits. Workers LISTEN on a connection of their own and
+claim at once; their poll stays only as a fallback. SQLite has no such channel: there
+workers poll (an idle poll is one indexed read).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+from sqlmodel import Session
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "trainyard_jobs"
+_NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', '')")
+RECONNECT_S = 1.0
+
+
+def announce_job(session: Session) -> None:
+    """Tell listening workers, when this transaction commits, that a job can be claimed."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(_NOTIFY)
+
+
+def can_listen(engine: Engine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
+class JobListener(threading.Thread):
+    """LISTENs on PostgreSQL and calls ``wake`` for every notification (and after each
+    (re)connect, for what it may have missed meanwhile)."""
+
+    def __init__(self, engine: Engine, wake: Callable[[], None]) -> None:
+        super().__init__(name="job-listener", daemon=True)
+        url = make_url(engine.url.render_as_string(hide_password=False))
+        self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.wake = wake
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self.wake()
+                    while not self.stopped.is_set():
+                        for _ in conn.notifies(timeout=1.0):
+                            self.wake()
+            except psycopg.Error as exc:
+                log.warning("LISTEN %s: %s; polling until it reconnects", CHANNEL, exc)
+                self.stopped.wait(RECONNECT_S)
+
+    def stop(self) -> None:
+        self.stopped.set()
