@@ -40,6 +40,7 @@ class Attempt:
         self.started = time.monotonic()
         self.timeout_s = job.timeout_s
         self.stop_reason: str | None = None  # cancel|timeout|stalled|shutdown|lease_lost
+        self.ended_noted = False  # the "attempt ended" log line was written
         self.kill_at: float | None = None
         self.last_step: int | None = None  # progress watchdog: the step last seen ...
         self.last_advance = self.started  # ... and when it last moved

@@ -14,8 +14,12 @@ import platform
 import signal
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import DBAPIError
 
 from service import catalog, store
 from service.db import make_engine
@@ -31,6 +35,7 @@ from workers.runner import outcome_path
 from workers.zygote import Zygote
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Claim latency bound while idle. An idle poll is one indexed read, no write lock.
 POLL_INTERVAL_S = 0.05
@@ -73,6 +78,8 @@ class Supervisor:
         self.zygote: Zygote | None = None
         self.gpu_pids = gpu.compute_pids  # replaceable in tests: there is no GPU there
         self.sampled_at = float("-inf")
+        self.renewed_at = time.monotonic()  # when this worker's leases were last extended
+        self.database_down_since: float | None = None
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
             JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
@@ -99,11 +106,12 @@ class Supervisor:
             while True:
                 now = time.monotonic()
                 if now >= next_heartbeat:
-                    self._heartbeat()
                     next_heartbeat = now + self.heartbeat_interval_s
+                    self._while_database_answers(self._heartbeat)
+                self._stop_jobs_past_their_lease(now)
                 self._supervise(now)
                 self._flush_logs()
-                claimed = False if self._stopping else self._claim()
+                claimed = not self._stopping and bool(self._while_database_answers(self._claim))
                 if self._stopping and not self.attempts:
                     break
                 if drain and not claimed and not self.attempts and not self._pending():
@@ -174,10 +182,39 @@ class Supervisor:
         self.sampled_at = now
         return gpu.sample(self.devices)
 
+    def _while_database_answers(self, step: Callable[[], T]) -> T | None:
+        """Run one step of the loop; if the database is unreachable, say so (once per
+        outage) and go on: running jobs continue while their leases last."""
+        try:
+            result = step()
+        except DBAPIError as exc:
+            if self.database_down_since is None:
+                self.database_down_since = time.monotonic()
+                log.error("database unreachable; jobs go on for up to a lease: %s", exc)
+            return None
+        if self.database_down_since is not None:
+            down = time.monotonic() - self.database_down_since
+            log.warning("database reachable again after %.1fs", down)
+            self.database_down_since = None
+        return result
+
+    def _stop_jobs_past_their_lease(self, now: float) -> None:
+        """Without a renewal for a whole lease this worker can no longer prove it owns its
+        jobs (another worker may be given them): stop them rather than train twice."""
+        if now - self.renewed_at <= self.lease_s:
+            return
+        for job_id, attempt in self.attempts.items():
+            if attempt.stop_reason != "lease_lost":
+                log.error("job %s: no lease renewal for %.0fs; killing it", job_id, self.lease_s)
+                attempt.stop_reason = "lease_lost"
+                attempt.signal(signal.SIGKILL)
+
     def _heartbeat(self) -> None:
         catalog.worker_heartbeat(self.engine, self.worker_id, self._sample_devices())
         live = {jid: a for jid, a in self.attempts.items() if a.stop_reason != "lease_lost"}
+        asked = time.monotonic()
         held = store.renew_lease(self.engine, [a.fence for a in live.values()], self.lease_s)
+        self.renewed_at = asked  # the leases run from when we asked, not when it returned
         now = time.monotonic()
         for job_id, attempt in live.items():
             lease = held.get(job_id)
@@ -199,9 +236,12 @@ class Supervisor:
     def _supervise(self, now: float) -> None:
         for job_id, attempt in list(self.attempts.items()):
             attempt.enforce(now, self.kill_grace_s)
-            if attempt.finished() and self._gpus_released(attempt, now):
-                self._finish(attempt)
-                del self.attempts[job_id]
+            if (
+                attempt.finished()
+                and self._gpus_released(attempt, now)
+                and self._while_database_answers(partial(self._finish, attempt))
+            ):
+                del self.attempts[job_id]  # else: recorded on a later tick
 
     def _gpus_released(self, attempt: Attempt, now: float) -> bool:
         """On CUDA, the devices go to the next job only once NVML lists no process of this
@@ -300,16 +340,19 @@ class Supervisor:
                 self.engine, attempt.fence, lines, max_lines=self.settings.max_log_lines
             )
         except Exception:  # keep them for the next tick rather than lose them
-            log.exception("job %s: could not store %d log lines", attempt.job_id, len(lines))
             attempt.put_back(lines)
+            if self.database_down_since is None:  # an outage is reported once, elsewhere
+                log.exception("job %s: could not store %d log lines", attempt.job_id, len(lines))
 
-    def _finish(self, attempt: Attempt) -> None:
+    def _finish(self, attempt: Attempt) -> bool:
         """Record how an attempt ended, after its last process and log line are gone."""
         attempt.join_pumps()
         if attempt.stop_reason == "lease_lost":
-            return  # the job is another worker's now; we may not write about it
+            return True  # the job is another worker's now; we may not write about it
         outcome = self._outcome(attempt)
-        attempt.note(f"attempt {attempt.fence.attempt} ended: {outcome.reason_message}")
+        if not attempt.ended_noted:  # a finish retried after a database outage says it once
+            attempt.note(f"attempt {attempt.fence.attempt} ended: {outcome.reason_message}")
+            attempt.ended_noted = True
         self._write_lines(attempt)
         if (
             outcome.status == JobStatus.queued
@@ -322,6 +365,7 @@ class Supervisor:
         log.info(
             "job %s: attempt %d %s", attempt.job_id, attempt.fence.attempt, outcome.reason_message
         )
+        return True
 
     def _outcome(self, attempt: Attempt) -> Outcome:
         if attempt.stop_reason == "cancel":
@@ -381,7 +425,7 @@ class Supervisor:
         while self.attempts and time.monotonic() < deadline + self.kill_grace_s:
             self._supervise(time.monotonic())
             time.sleep(0.05)
-        catalog.worker_stopped(self.engine, self.worker_id)
+        self._while_database_answers(partial(catalog.worker_stopped, self.engine, self.worker_id))
         self.engine.dispose()
         if self.zygote is not None:
             self.zygote.close()

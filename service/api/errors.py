@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from service.artifacts import ArtifactNotFound
 from service.errors import (
@@ -13,6 +16,9 @@ from service.errors import (
     SpecInvalid,
     TrainyardError,
 )
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5
 
 STATUS_OF: dict[type[TrainyardError], int] = {
     JobNotFound: 404,
@@ -33,3 +39,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": detail}, status_code=code)
 
     app.add_exception_handler(TrainyardError, handle)
+
+    async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        # The pool pre-pings and replaces broken connections, so the next request after
+        # the database is back succeeds: nothing to restart.
+        log.warning("database unavailable: %s", str(exc).splitlines()[0][:200])
+        return JSONResponse(
+            {"detail": "the database is unavailable; try again in a few seconds"},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    app.add_exception_handler(OperationalError, database_unavailable)

@@ -1,0 +1,90 @@
+"""PostgreSQL goes away while jobs run: short outages cost nothing, long ones stop the
+jobs the worker can no longer prove it owns; the API answers 503 meanwhile and recovers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from tests.databases import ADMIN_URL, empty
+from tests.stack import Stack, running_stack, wait_for
+from workers.attempt import group_members
+
+pytestmark = pytest.mark.slow
+
+LONG_JOB = {
+    "recipe": "tiny",
+    "epochs": 40,
+    "batch_size": 64,
+    "params": {"samples": 1024, "sleep_per_step_s": 0.02},
+}
+
+
+@contextmanager
+def database_down(url: str) -> Iterator[None]:
+    """No connection to the database, old or new, until the block ends (a restart, as far
+    as its clients can tell, without disturbing other databases on the server)."""
+    name = make_url(url).database
+    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_stack(tmp_path: Path, postgres_url: str) -> Iterator[Stack]:
+    empty(postgres_url)
+    with running_stack(tmp_path, postgres_url) as stack:
+        yield stack
+
+
+def running_with_progress(stack: Stack, job_id: int) -> None:
+    wait_for(
+        lambda: (j := stack.job(job_id))["status"] == "running" and j["progress"], 60, "progress"
+    )
+
+
+def test_outage_shorter_than_the_lease_costs_the_job_nothing(pg_stack: Stack) -> None:
+    pg_stack.start_worker(lease_s=8)
+    job = pg_stack.submit(**LONG_JOB)
+    running_with_progress(pg_stack, job["id"])
+    with database_down(pg_stack.database_url):
+        r = pg_stack.http.get(f"/jobs/{job['id']}")
+        assert r.status_code == 503, r.text
+        assert "database is unavailable" in r.json()["detail"] and r.headers["Retry-After"]
+        assert pg_stack.http.get(pg_stack.url + "/healthz").status_code == 503
+        time.sleep(3)
+    # the API recovers by itself, and the job was never given up
+    wait_for(lambda: pg_stack.http.get(f"/jobs/{job['id']}").status_code == 200, 10, "API")
+    done = pg_stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert (done["status"], done["attempt"]) == ("succeeded", 1), done
+
+
+def test_outage_longer_than_the_lease_stops_the_job_then_it_runs_again(pg_stack: Stack) -> None:
+    pg_stack.start_worker(lease_s=3)
+    job = pg_stack.submit(**LONG_JOB)
+    running_with_progress(pg_stack, job["id"])
+    pgid = pg_stack.runner_pgid(job["id"])
+    with database_down(pg_stack.database_url):
+        # the worker cannot prove it owns the job any more: its processes must go
+        wait_for(lambda: not group_members(pgid), 15, "the unowned attempt to be killed")
+    done = pg_stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert (done["status"], done["attempt"]) == ("succeeded", 2), done
