@@ -1,6 +1,7 @@
-"""Claims at the SQL level: two processes claiming from 10,000 queued jobs.
+"""Claims at the SQL level: processes claiming from 10,000 queued jobs, on SQLite (two
+processes: one box) and on PostgreSQL (four: several boxes).
 
-python -m benchmarks.claims [--jobs 10000] [--processes 2]
+python -m benchmarks.claims [--jobs 10000] [--databases sqlite:2,postgresql:4]
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from benchmarks.common import print_table, save
+from benchmarks.common import database, print_table, save
 from service import store
 from service.db import make_engine, write_session
 from service.migrate import upgrade
@@ -36,40 +37,47 @@ def claimer(url: str, name: str, start: Any, out: Any) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--databases", default="sqlite:2,postgresql:4", help="kind:processes")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{Path(tmp) / 'claims.db'}"
-        upgrade(url)
-        row = Job.model_validate(JobCreate(recipe="r").model_dump()).model_dump(exclude={"id"})
-        with write_session(make_engine(url)) as session:
-            session.execute(insert(Job), [row] * args.jobs)
-        ctx = mp.get_context("spawn")
-        start, out = ctx.Event(), ctx.Queue()
-        procs = [
-            ctx.Process(target=claimer, args=(url, f"w{i}", start, out))
-            for i in range(args.processes)
-        ]
-        for p in procs:
-            p.start()
-        time.sleep(3)  # let every process import and connect before the clock starts
-        began = time.perf_counter()
-        start.set()
-        results = [out.get() for _ in procs]
-        for p in procs:
-            p.join()
+    rows = []
+    for spec in args.databases.split(","):
+        kind, processes = spec.split(":")
+        with tempfile.TemporaryDirectory() as tmp, database(kind) as url:
+            if url is None:
+                url = f"sqlite:///{Path(tmp) / 'claims.db'}"
+                upgrade(url)
+            rows.append({"database": kind, **measure(url, args.jobs, int(processes))})
+    print_table("claims", rows)
+    save("claims", rows)
+
+
+def measure(url: str, jobs: int, processes: int) -> dict[str, Any]:
+    row = Job.model_validate(JobCreate(recipe="r").model_dump()).model_dump(exclude={"id"})
+    engine = make_engine(url)
+    with write_session(engine) as session:
+        session.execute(insert(Job), [row] * jobs)
+    engine.dispose()
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=claimer, args=(url, f"w{i}", start, out)) for i in range(processes)]
+    for p in procs:
+        p.start()
+    time.sleep(3)  # let every process import and connect before the clock starts
+    began = time.perf_counter()
+    start.set()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
     ended = max(r[2] for r in results)
     claimed = [i for r in results for i in r[1]]
-    result = {
-        "processes": args.processes,
-        "jobs": args.jobs,
+    return {
+        "processes": processes,
+        "jobs": jobs,
         "claimed": len(claimed),
         "double_claims": len(claimed) - len(set(claimed)),
         "claims_per_s": len(claimed) / (ended - began),
         "per_process": {r[0]: len(r[1]) for r in results},
     }
-    print_table("claims (SQLite)", [result])
-    save("claims", result)
 
 
 if __name__ == "__main__":
