@@ -1,25 +1,33 @@
 """Reporting overhead: a fast training loop with a metric point every step, reporting into
-the real database vs into nothing, alternated in one process.
+the real database vs into nothing, and into the database while 100 clients (another
+process) watch the job's event stream on a real API server; alternated in one process.
 
-    python -m benchmarks.reporting [--repeats 3]
+    python -m benchmarks.reporting [--repeats 3] [--watchers 100]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import multiprocessing as mp
 import queue
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import httpx
+from sqlalchemy import Engine
 
 from benchmarks.common import print_table, save
 from service import store
 from service.db import make_engine
 from service.migrate import upgrade
-from service.models import JobCreate
-from tests.stack import RECIPES_DIR
+from service.models import JobCreate, JobStatus
+from tests.stack import RECIPES_DIR, running_stack
 from workers import strategies, training
 from workers.reporter import DbReporter
 from workers.training import RunSpec
@@ -43,13 +51,17 @@ def timed_run(tmp: Path, sink: Any, tag: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--watchers", type=int, default=100)
     args = parser.parse_args()
-    rows = [measure(every, args.repeats) for every in (1, training.TRAIN_LOSS_EVERY_STEPS)]
+    rows = [
+        measure(every, args.repeats, args.watchers)
+        for every in (1, training.TRAIN_LOSS_EVERY_STEPS)
+    ]
     print_table(f"reporting (median of {args.repeats})", rows)
     save("reporting", rows)
 
 
-def measure(every: int, repeats: int) -> dict[str, Any]:
+def measure(every: int, repeats: int, watchers: int) -> dict[str, Any]:
     """Steps/s with and without reporting, a metric point every ``every`` steps."""
     training.TRAIN_LOSS_EVERY_STEPS = every
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -57,25 +69,81 @@ def measure(every: int, repeats: int) -> dict[str, Any]:
         url = f"sqlite:///{tmp / 'r.db'}"
         upgrade(url)
         engine = make_engine(url)
-        off, on = [], []
-        for i in range(repeats):
-            store.create_job(engine, JobCreate(recipe="tiny"))
-            claimed = store.claim_job(
-                engine, worker_id="w", free_devices=1, accelerator="cpu", recipes=["tiny"],
-                lease_s=600,
-            )  # fmt: skip
-            assert claimed is not None and claimed.lease_token is not None
-            fence = store.Fence(claimed.id, claimed.attempt, claimed.lease_token)  # type: ignore[arg-type]
-            off.append(timed_run(tmp, queue.SimpleQueue(), f"off{i}"))
-            reporter = DbReporter(engine, fence).start()
-            on.append(timed_run(tmp, reporter, f"on{i}"))
-            reporter.close()
+        off, on, watched, received = [], [], [], []
+        with running_stack(tmp, url) as stack:
+            timed_run(tmp, queue.SimpleQueue(), "warm-up")  # first-run costs out of the figures
+            for i in range(repeats):
+                off.append(timed_run(tmp, queue.SimpleQueue(), f"off{i}"))
+                with reporting(engine) as reporter:
+                    on.append(timed_run(tmp, reporter, f"on{i}"))
+                with reporting(engine) as reporter:
+                    collect = start_watchers(stack.url, reporter.fence.job_id, watchers)
+                    watched.append(timed_run(tmp, reporter, f"watched{i}"))
+                received.append(min(collect()))  # the job has finished: the streams end
     return {
         "metric_point_every_steps": every,
         "steps_per_s_off": statistics.median(off),
         "steps_per_s_on": statistics.median(on),
         "ratio": statistics.median(on) / statistics.median(off),
+        f"steps_per_s_{watchers}_watchers": statistics.median(watched),
+        "ratio_watched": statistics.median(watched) / statistics.median(off),
+        "events_each_watcher_got_min": min(received),
     }
+
+
+@contextmanager
+def reporting(engine: Engine) -> Iterator[DbReporter]:
+    """A new job, claimed, reported into; finished at the end (which ends its streams)."""
+    store.create_job(engine, JobCreate(recipe="tiny"))
+    claimed = store.claim_job(
+        engine, worker_id="w", free_devices=1, accelerator="cpu", recipes=["tiny"], lease_s=600
+    )
+    assert claimed is not None and claimed.id is not None and claimed.lease_token is not None
+    fence = store.Fence(claimed.id, claimed.attempt, claimed.lease_token)
+    reporter = DbReporter(engine, fence).start()
+    try:
+        yield reporter
+    finally:
+        reporter.close()
+        store.finish_attempt(engine, fence, store.Outcome(JobStatus.succeeded, "done", "done"))
+
+
+def start_watchers(url: str, job_id: int, n: int) -> Callable[[], list[int]]:
+    """``n`` clients in another process follow the job's events (all connected when this
+    returns); the function returned waits for their streams to end and gives how many
+    events each received."""
+    ctx = mp.get_context("spawn")
+    connected, out = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_watch, args=(url, job_id, n, connected, out))
+    proc.start()
+    assert connected.wait(60), "watchers did not connect"
+
+    def collect() -> list[int]:
+        counts: list[int] = out.get(timeout=120)
+        proc.join()
+        return counts
+
+    return collect
+
+
+def _watch(url: str, job_id: int, n: int, connected: Any, out: Any) -> None:
+    async def follow(client: httpx.AsyncClient, opened: list[int]) -> int:
+        events = 0
+        async with client.stream("GET", f"/api/v1/jobs/{job_id}/events") as response:
+            opened.append(response.status_code)
+            if len(opened) == n:
+                connected.set()
+            async for line in response.aiter_lines():
+                events += line.startswith("event:")
+        return events
+
+    async def main() -> list[int]:
+        opened: list[int] = []
+        limits = httpx.Limits(max_connections=n)
+        async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+            return await asyncio.gather(*(follow(client, opened) for _ in range(n)))
+
+    out.put(asyncio.run(main()))
 
 
 if __name__ == "__main__":
