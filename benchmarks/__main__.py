@@ -6,17 +6,19 @@ import subprocess
 import sys
 
 BENCHMARKS = [
-    "footprint",
-    "claims",
-    "listing",
-    "latency",
-    "overhead",
-    "reporting",
-    "api",
-    "contention",
-    "recovery",
+    ["footprint"],
+    ["claims"],
+    ["listing"],
+    ["latency"],
+    ["overhead"],
+    ["reporting"],
+    ["api"],
+    ["api", "--database", "postgresql"],
+    ["contention"],
+    ["recovery"],
 ]
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or BENCHMARKS:
-        subprocess.run([sys.executable, "-m", f"benchmarks.{name}"], check=True)
+    chosen = [[name] for name in sys.argv[1:]] or BENCHMARKS
+    for name, *args in chosen:
+        subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], check=True)

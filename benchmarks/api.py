@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import print_table, save
+from benchmarks.common import database, print_table, save
 from tests.stack import Stack, running_stack, wait_for
 
 JOB = {"recipe": "mlp-regression", "epochs": 1}
@@ -76,16 +76,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--api-workers", type=int, default=1, help="API server processes")
+    parser.add_argument("--database", default="sqlite", help="sqlite or postgresql")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install wrk")
     with (
         tempfile.TemporaryDirectory() as tmp,
-        running_stack(Path(tmp), api_workers=args.api_workers) as stack,
+        database(args.database) as url,
+        running_stack(Path(tmp), url, api_workers=args.api_workers) as stack,
     ):
         rows = run(stack, args.seconds)
-    print_table(f"API (wrk, same 2 cores, {args.api_workers} server process(es))", rows)
-    save(f"api-{args.api_workers}-process", rows)
+    title = f"API on {args.database} (wrk, same 2 cores, {args.api_workers} server process(es))"
+    print_table(title, rows)
+    suffix = "" if args.database == "sqlite" else f"-{args.database}"
+    save(f"api-{args.api_workers}-process{suffix}", rows)
 
 
 if __name__ == "__main__":
