@@ -14,6 +14,7 @@ all of that job's watchers, so a hundred watchers cost one poll, not a hundred.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from service.db import read_session
 from service.errors import JobNotFound
 from service.models import Job, JobRead, JobStatus, LogLine, LogLineRead, Metric, MetricRead
 
+log = logging.getLogger(__name__)
 TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
 PAGE = 2_000  # rows of each kind per read: a long job's history streams in pieces
 POLL_S = 0.2  # a feed's database poll while someone watches
@@ -133,6 +135,8 @@ class _Feed:
                         self.changed.notify_all()
                 if not batch.events:
                     await asyncio.sleep(self.feeds.poll_s)
+        except Exception as exc:  # the database went away: watchers read on their own
+            log.warning("event feed of job %s stopped: %s", self.job_id, exc)
         finally:
             self.feeds.close(self)
             async with self.changed:
