@@ -56,7 +56,8 @@ export function when(iso) {
 export function num(value, digits = 4) {
   if (value === null || value === undefined) return "–";
   if (typeof value !== "number") return String(value);
-  return Number.isInteger(value) ? String(value) : value.toPrecision(digits);
+  // Round for reading, then drop the zeros toPrecision pads with (0.0100000 -> 0.01).
+  return Number.isInteger(value) ? String(value) : String(Number(value.toPrecision(digits)));
 }
 
 /** Replace the children of el. */

@@ -17,10 +17,10 @@ import {
 import { LogTail } from "./logtail.js";
 import { followEvents } from "./sse.js";
 
-const SPEC_FIELDS = [
-  "recipe", "strategy", "devices", "accelerator", "epochs", "batch_size", "lr",
-  "optimizer", "seed", "precision", "priority", "max_attempts", "timeout_s", "checkpoint_every",
-];
+const SPEC_FIELDS = (
+  "recipe strategy devices accelerator epochs batch_size lr optimizer seed precision " +
+  "priority max_attempts timeout_s checkpoint_every"
+).split(" ");
 
 export function jobView(root, id) {
   const stop = new AbortController();
@@ -43,17 +43,24 @@ export function jobView(root, id) {
       show(await api.post(`/jobs/${id}/cancel`));
     } catch (err) {
       fill(ui.notice, err.message);
-      ui.cancel.disabled = TERMINAL.has(job?.status);
+      ui.cancel.disabled = false;
     }
   });
 
+  // Stream bookkeeping on the page element, for devtools and the browser test: its
+  // state, how often it connected, and how many events of each kind came (duplicates
+  // included), as data-stream, data-connects, data-log-events, data-metric-events …
+  const counts = ui.page.dataset;
   const onEvent = (type, data) => {
+    counts[`${type}Events`] = Number(counts[`${type}Events`] ?? 0) + 1;
     if (type === "status") show(data);
     else if (type === "progress") renderProgress(ui, data, job?.status);
     else if (type === "metric") chart.add(data);
     else if (type === "log") log.add(data);
   };
   const onState = (state) => {
+    counts.stream = state;
+    if (state === "live") counts.connects = Number(counts.connects ?? 0) + 1;
     ui.stream.textContent = { live: "live", reconnecting: "reconnecting…", ended: "" }[state];
   };
 
@@ -86,8 +93,8 @@ function skeleton(id) {
     reason: h("p", { class: "reason", id: "job-reason" }),
     bar: h("div", { class: "progress-wide" }),
     progressText: h("p", { class: "muted", id: "progress-text" }),
-    chart: h("div", { class: "chart", id: "loss-chart" }),
-    log: h("div", { class: "log", id: "log" }),
+    chart: h("div", { class: "chart", id: "loss-chart", "data-empty": "No loss points yet." }),
+    log: h("div", { class: "log", id: "log", "data-empty": "No log lines yet." }),
     logCount: h("span", { class: "muted" }),
     spec: h("dl", { class: "pairs", id: "job-spec" }),
     result: h("section", { class: "card", id: "job-result", hidden: true }),
@@ -97,7 +104,15 @@ function skeleton(id) {
   ui.page = h(
     "article",
     { class: "job" },
-    h("div", { class: "job-head" }, ui.title, ui.status, ui.stream, h("span", { class: "grow" }), ui.cancel),
+    h(
+      "div",
+      { class: "job-head" },
+      ui.title,
+      ui.status,
+      ui.stream,
+      h("span", { class: "grow" }),
+      ui.cancel,
+    ),
     ui.notice,
     ui.reason,
     ui.bar,
@@ -120,13 +135,19 @@ function renderJob(ui, job) {
   document.title = `Job ${job.id} · ${job.status} — Trainyard`;
   fill(ui.title, `Job ${job.id}`, job.name ? h("small", {}, ` ${job.name}`) : null);
   fill(ui.status, statusBadge(job.status));
-  ui.cancel.disabled = TERMINAL.has(job.status) || job.status === "cancelling";
+  ui.cancel.hidden = TERMINAL.has(job.status);
+  ui.cancel.disabled = job.status === "cancelling";
   fill(ui.reason, job.reason ? `${job.reason.message} (${job.reason.code})` : "");
   renderProgress(ui, job.progress, job.status);
   fill(ui.spec, pairs(specOf(job)));
-  fill(ui.environment, job.environment ? pairs(job.environment) : h("dd", { class: "muted" }, "not run yet"));
+  fill(
+    ui.environment,
+    job.environment ? pairs(job.environment) : h("dd", { class: "muted" }, "not run yet"),
+  );
   ui.result.hidden = !job.result;
-  if (job.result) fill(ui.result, h("h3", {}, "Result"), h("dl", { class: "pairs" }, pairs(job.result)));
+  if (job.result) {
+    fill(ui.result, h("h3", {}, "Result"), h("dl", { class: "pairs" }, pairs(job.result)));
+  }
   ui.error.hidden = !job.error;
   if (job.error) {
     const { type, message, traceback } = job.error;
@@ -176,8 +197,10 @@ function specOf(job) {
 function pairs(record) {
   return Object.entries(record)
     .filter(([, v]) => v !== null && v !== undefined)
-    .flatMap(([k, v]) => [
-      h("dt", {}, k),
-      h("dd", {}, typeof v === "object" ? JSON.stringify(v) : typeof v === "number" ? num(v, 6) : String(v)),
-    ]);
+    .flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, readable(v))]);
+}
+
+function readable(value) {
+  if (typeof value === "object") return JSON.stringify(value);
+  return typeof value === "number" ? num(value, 6) : String(value);
 }

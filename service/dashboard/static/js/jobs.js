@@ -29,13 +29,32 @@ export function jobsView(root, params) {
   const rows = h("tbody");
   const table = h(
     "table",
-    { class: "jobs", id: "jobs", "data-loaded": "false" },
-    h("thead", {}, h("tr", {}, ["ID", "Name", "Recipe", "Status", "Progress", "Reason", "Created"].map((c) => h("th", {}, c)))),
+    { class: "jobs", id: "jobs", "data-loaded": "" },
+    h(
+      "thead",
+      {},
+      h(
+        "tr",
+        {},
+        ["ID", "Name", "Recipe", "Status", "Progress", "Reason", "Created"].map((c) =>
+          h("th", {}, c),
+        ),
+      ),
+    ),
     rows,
   );
   fill(
     root,
-    h("div", { class: "toolbar" }, h("h2", {}, "Jobs"), h("label", {}, "Status ", filter), total, h("span", { class: "grow" }), pager, h("a", { class: "button", href: "#/submit" }, "New job")),
+    h(
+      "div",
+      { class: "toolbar" },
+      h("h2", {}, "Jobs"),
+      h("label", {}, "Status ", filter),
+      total,
+      h("span", { class: "grow" }),
+      pager,
+      h("a", { class: "button", href: "#/submit" }, "New job"),
+    ),
     notice,
     table,
   );
@@ -45,11 +64,16 @@ export function jobsView(root, params) {
     if (status) query.set("status", status);
     try {
       const page = await api.get(`/jobs?${query}`, { signal });
-      fill(rows, page.items.length ? page.items.map(row) : h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No jobs.")));
+      fill(
+        rows,
+        page.items.length
+          ? page.items.map(row)
+          : h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No jobs.")),
+      );
       fill(total, `${page.total} job${page.total === 1 ? "" : "s"}`);
       fill(pager, pagerLinks(page, status));
       fill(notice, "");
-      table.dataset.loaded = "true";
+      table.dataset.loaded = status || "all"; // which filter the rows are for
     } catch (err) {
       if (signal.aborted) return;
       fill(notice, err.message);
@@ -74,7 +98,12 @@ function row(job) {
     h("td", {}, link(job.name || "–")),
     h("td", {}, job.recipe),
     h("td", {}, statusBadge(job.status)),
-    h("td", { class: "progress-cell" }, progressBar(p, job.status), p ? h("small", {}, `epoch ${p.epoch}/${p.epochs} · loss ${num(p.loss, 3)}`) : null),
+    h(
+      "td",
+      { class: "progress-cell" },
+      progressBar(p, job.status),
+      p ? h("small", {}, `epoch ${p.epoch}/${p.epochs} · loss ${num(p.loss, 3)}`) : null,
+    ),
     h("td", { class: "reason", title: job.reason?.code ?? "" }, job.reason?.message ?? ""),
     h("td", {}, when(job.created_at)),
   );

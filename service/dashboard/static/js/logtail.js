@@ -12,6 +12,7 @@ export class LogTail {
     this.counter = counter;
     this.pending = [];
     this.lastSeq = 0;
+    this.received = 0; // lines, not seq: seq numbers every event of the job, not just logs
     this.frame = 0;
   }
 
@@ -19,8 +20,11 @@ export class LogTail {
   add(line) {
     if (line.seq <= this.lastSeq) return; // already shown (a resumed stream may overlap)
     this.lastSeq = line.seq;
+    this.received += 1;
     this.pending.push(line);
-    if (this.pending.length > 2 * MAX_LINES) this.pending.splice(0, this.pending.length - MAX_LINES);
+    if (this.pending.length > 2 * MAX_LINES) {
+      this.pending.splice(0, this.pending.length - MAX_LINES); // the DOM would drop them anyway
+    }
     this.frame ||= requestAnimationFrame(() => this.flush());
   }
 
@@ -34,10 +38,9 @@ export class LogTail {
     el.append(...fresh);
     for (let extra = el.childElementCount - MAX_LINES; extra > 0; extra--) el.firstChild.remove();
     if (following) el.scrollTop = el.scrollHeight;
+    const shown = el.childElementCount;
     this.counter.textContent =
-      this.lastSeq > el.childElementCount
-        ? `last ${el.childElementCount} of ${this.lastSeq} lines`
-        : `${el.childElementCount} lines`;
+      this.received > shown ? `last ${shown} of ${this.received} lines` : `${shown} lines`;
   }
 
   destroy() {

@@ -84,7 +84,12 @@ function widget(schema, attrs) {
     return { input, read: () => (input.value === "" ? undefined : Number(input.value)) };
   }
   if (schema.type === "string") {
-    const input = h("input", { ...attrs, type: "text", value: initial, maxlength: schema.maxLength });
+    const input = h("input", {
+      ...attrs,
+      type: "text",
+      value: initial,
+      maxlength: schema.maxLength,
+    });
     return { input, read: () => input.value || undefined };
   }
   const input = h("textarea", { ...attrs, rows: 2, placeholder: "JSON" });
@@ -100,8 +105,13 @@ function widget(schema, attrs) {
   return { input, read };
 }
 
-function bounds({ minimum, maximum, exclusiveMinimum, exclusiveMaximum }) {
-  const low = exclusiveMinimum !== undefined ? `> ${exclusiveMinimum}` : minimum !== undefined ? `≥ ${minimum}` : null;
-  const high = exclusiveMaximum !== undefined ? `< ${exclusiveMaximum}` : maximum !== undefined ? `≤ ${maximum}` : null;
+/** "≥ 1, ≤ 1024" or "> 0": the limits the server will check. */
+function bounds(schema) {
+  const low = limit(schema.exclusiveMinimum, ">") ?? limit(schema.minimum, "≥");
+  const high = limit(schema.exclusiveMaximum, "<") ?? limit(schema.maximum, "≤");
   return [low, high].filter(Boolean).join(", ");
+}
+
+function limit(value, sign) {
+  return value === undefined ? null : `${sign} ${value}`;
 }

@@ -41,6 +41,13 @@ export class SseParser {
     return events;
   }
 
+  /** At the end of the stream: a held-back "\r" did end its line after all. */
+  finish() {
+    const rest = this.rest;
+    this.rest = "";
+    return rest.endsWith("\r") ? this.feed(`${rest.slice(0, -1)}\n`) : [];
+  }
+
   field(name, value) {
     if (name === "event") this.type = value;
     else if (name === "data") this.data.push(value);
@@ -50,7 +57,11 @@ export class SseParser {
 
   dispatch() {
     this.lastEventId = this.idBuffer;
-    const event = { type: this.type || "message", data: this.data.join("\n"), id: this.lastEventId };
+    const event = {
+      type: this.type || "message",
+      data: this.data.join("\n"),
+      id: this.lastEventId,
+    };
     // Unlike the spec, an event with a type and no data line still counts: an `end`
     // marker may come without data.
     const empty = this.data.length === 0 && this.type === "";
@@ -71,7 +82,7 @@ function pause(ms, signal) {
  * Follow GET /api/v1{path} until its `end` event or until signal aborts, calling
  * onEvent(type, parsedData) for every event. A dropped connection is resumed after
  * the last event seen, with a short back-off. onState gets "live", "reconnecting",
- * "ended". Rejects only with a 4xx other than 401 (the job does not exist).
+ * "ended". Rejects only on a 4xx that a retry would not mend (the job does not exist).
  */
 export async function followEvents(path, onEvent, { signal, onState = () => {} }) {
   let lastEventId = "";
@@ -82,7 +93,7 @@ export async function followEvents(path, onEvent, { signal, onState = () => {} }
       const headers = { Accept: "text/event-stream" };
       if (lastEventId) headers["Last-Event-ID"] = lastEventId;
       const response = await authorizedFetch(apiUrl(path), { headers, signal, cache: "no-store" });
-      if (response.status >= 400 && response.status < 500) {
+      if (gone(response.status)) {
         const body = await response.json().catch(() => null);
         throw new ApiError(response.status, body?.detail ?? response.statusText);
       }
@@ -92,8 +103,7 @@ export async function followEvents(path, onEvent, { signal, onState = () => {} }
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       for (;;) {
         const { value, done } = await reader.read();
-        if (done) break;
-        for (const event of parser.feed(value)) {
+        for (const event of done ? parser.finish() : parser.feed(value)) {
           failures = 0;
           lastEventId = parser.lastEventId;
           if (event.type === "end") {
@@ -103,6 +113,7 @@ export async function followEvents(path, onEvent, { signal, onState = () => {} }
           deliver(onEvent, event);
         }
         retryMs = parser.retryMs ?? retryMs;
+        if (done) break;
       }
       // Closed without `end`: a server restart or a proxy's timeout. Resume.
     } catch (err) {
@@ -115,6 +126,11 @@ export async function followEvents(path, onEvent, { signal, onState = () => {} }
     failures += 1;
     await pause(Math.max(backoff, retryMs ?? 0), signal);
   }
+}
+
+/** A 4xx that asking again will not mend (no such job): 408 and 429 are worth a retry. */
+function gone(status) {
+  return status >= 400 && status < 500 && status !== 408 && status !== 429;
 }
 
 function deliver(onEvent, event) {

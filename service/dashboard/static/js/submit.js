@@ -14,7 +14,9 @@ export function submitView(root) {
       if (!stop.signal.aborted) fill(root, h("h2", {}, "Submit a job"), form(recipes, doc));
     })
     .catch((err) => {
-      if (!stop.signal.aborted) fill(root, h("h2", {}, "Submit a job"), h("p", { class: "error" }, err.message));
+      if (!stop.signal.aborted) {
+        fill(root, h("h2", {}, "Submit a job"), h("p", { class: "error" }, err.message));
+      }
     });
   return () => stop.abort();
 }
@@ -30,20 +32,31 @@ function form(recipes, doc) {
   // With no worker registered yet, the server accepts any recipe name and the job
   // waits; the params are then free JSON.
   const recipe = recipes.length
-    ? h("select", { name: "recipe", id: "field-recipe", required: true }, recipes.map((r) => h("option", { value: r.name }, r.name)))
+    ? h(
+        "select",
+        { name: "recipe", id: "field-recipe", required: true },
+        recipes.map((r) => h("option", { value: r.name }, r.name)),
+      )
     : h("input", { name: "recipe", id: "field-recipe", required: true });
   const byName = Object.fromEntries(recipes.map((r) => [r.name, r]));
   let params = [];
   const showParams = () => {
     const chosen = byName[recipe.value];
-    fill(summary, chosen ? chosen.summary : "No worker has registered yet: the job will wait for one.");
+    fill(
+      summary,
+      chosen ? chosen.summary : "No worker has registered yet: the job will wait for one.",
+    );
     const schema = chosen?.params_schema ?? { type: "object" };
     params = schema.properties
       ? Object.entries(schema.properties).map(([key, prop]) =>
           fieldFor(`params.${key}`, prop, resolveRef, (schema.required ?? []).includes(key)),
         )
       : [fieldFor("params", { type: "object", description: "JSON object" }, resolveRef)];
-    fill(paramsBox, h("legend", {}, `Params of ${recipe.value || "the recipe"}`), params.map((f) => f.el));
+    fill(
+      paramsBox,
+      h("legend", {}, `Params of ${recipe.value || "the recipe"}`),
+      params.map((f) => f.el),
+    );
   };
   recipe.addEventListener(recipes.length ? "change" : "input", showParams);
   showParams();
@@ -55,9 +68,20 @@ function form(recipes, doc) {
   const el = h(
     "form",
     { id: "submit-form", class: "submit" },
-    h("fieldset", {}, h("legend", {}, "Recipe"), h("div", { class: "field" }, h("label", { for: "field-recipe" }, "recipe"), recipe), summary),
+    h(
+      "fieldset",
+      {},
+      h("legend", {}, "Recipe"),
+      h("div", { class: "field" }, h("label", { for: "field-recipe" }, "recipe"), recipe),
+      summary,
+    ),
     paramsBox,
-    h("fieldset", { id: "job-fields" }, h("legend", {}, "Job"), jobFields.map((f) => f.el)),
+    h(
+      "fieldset",
+      { id: "job-fields" },
+      h("legend", {}, "Job"),
+      jobFields.map((f) => f.el),
+    ),
     errors,
     button,
   );
@@ -95,7 +119,15 @@ function showErrors(err, fields, summary) {
     fill(summary, err.message);
     return;
   }
-  fill(summary, h("p", {}, `The server refused the job (HTTP ${err.status}):`), h("ul", {}, list.map((e) => h("li", {}, h("code", {}, fieldOf(e)), ` ${e.msg}`))));
+  fill(
+    summary,
+    h("p", {}, `The server refused the job (HTTP ${err.status}):`),
+    h(
+      "ul",
+      {},
+      list.map((e) => h("li", {}, h("code", {}, fieldOf(e)), ` ${e.msg}`)),
+    ),
+  );
   for (const e of list) {
     const name = fieldOf(e);
     // An error inside a params value ("params.layers.0") belongs to its field.
