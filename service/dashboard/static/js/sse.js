@@ -4,7 +4,7 @@
 
 import { ApiError, apiUrl, authorizedFetch } from "./api.js";
 
-const BACKOFF_MS = [250, 500, 1000, 2000, 5000]; // then stays at the last
+const BACKOFF_MS = [250, 500, 1000, 2000, 3000]; // then stays at the last
 
 export class SseParser {
   constructor() {
