@@ -78,8 +78,8 @@ def run(stack: Stack, seconds: float, rate_per_s: float = 20.0, clients: int = 4
         missing_metrics += max(0, EXPECTED_METRICS - len(metrics))
         printed = sum(1 for x in logs if x["text"].startswith("[rank 0] step line"))
         missing_logs += max(0, STEPS * CHATTY - printed)
-        seqs = [x["seq"] for x in logs]
-        assert seqs == list(range(1, len(seqs) + 1)), f"job {job['id']}: log gaps"
+        seqs = [x["seq"] for x in logs]  # event numbers: increasing (metrics share them)
+        assert seqs == sorted(set(seqs)), f"job {job['id']}: log lines out of order"
     server_logs = "".join(p.read_text() for p in stack.tmp.glob("*.log"))
     return {
         "seconds": seconds,

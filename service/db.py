@@ -20,6 +20,15 @@ from service.settings import Settings
 SQLITE_BUSY_TIMEOUT_S = 30.0
 # PostgreSQL: a session idle inside a transaction this long is ended by the server.
 IDLE_IN_TRANSACTION_MS = 5_000
+# PostgreSQL: notice a dead peer (a partition, a crashed host) within seconds, not after
+# the kernel's retransmission timeout of about 15 minutes.
+TCP_KEEPALIVE = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def make_engine(settings_or_url: Settings | str) -> Engine:
@@ -37,7 +46,7 @@ def make_engine(settings_or_url: Settings | str) -> Engine:
             pool_pre_ping=True,
             pool_size=10,
             max_overflow=20,
-            connect_args={"options": options, "connect_timeout": 5},
+            connect_args={"options": options, "connect_timeout": 5, **TCP_KEEPALIVE},
         )
 
     pool: dict[str, Any] = {}

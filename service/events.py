@@ -164,8 +164,8 @@ class JobFeeds:
         if self.feeds.get(feed.job_id) is feed:
             del self.feeds[feed.job_id]
 
-    async def watch(self, job_id: int, after: int) -> AsyncIterator[Event]:
-        """Every event of the job after ``after``, live, until the job has finished."""
+    async def _join(self, job_id: int) -> _Feed:
+        """The job's running feed, or a new one; counted as watched by the caller."""
         feed = self.feeds.get(job_id)
         if feed is None:
             start = await to_thread.run_sync(read_events, self.engine, job_id, None)
@@ -173,12 +173,20 @@ class JobFeeds:
             if feed is None:
                 feed = self.feeds[job_id] = _Feed(self, job_id, start)
         feed.watchers += 1
+        return feed
+
+    async def watch(self, job_id: int, after: int) -> AsyncIterator[Event]:
+        """Every event of the job after ``after``, live, until the job has finished."""
+        feed = await self._join(job_id)
         try:
             cursor = after
             while True:
+                if feed.task.done() and not feed.ended:  # it stopped on a database error
+                    stopped, feed = feed, await self._join(job_id)
+                    stopped.watchers -= 1
                 position, ended = feed.position, feed.ended
-                events = None if feed.task.done() else feed.after(cursor)
-                if events is None:  # behind the feed's buffer, or the feed stopped
+                events = feed.after(cursor)
+                if events is None:  # behind the feed's buffer: catch up from the database
                     batch = await to_thread.run_sync(read_events, self.engine, job_id, cursor)
                     events, position, ended = batch.events, batch.position, batch.ended
                 for event in events:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
 from service.db import read_session, write_session
@@ -117,6 +118,19 @@ def create_job(
     reason: tuple[str, str] = ("queued", "waiting for a worker"),
 ) -> tuple[Job, bool]:
     """Enqueue a validated spec; returns (job, created). A repeated key returns the first job."""
+    try:
+        return _create_job(engine, spec, idempotency_key, reason)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        # Two submits with one key at once (PostgreSQL: neither saw the other's row): the
+        # unique index let one in; the other now finds it.
+        return _create_job(engine, spec, idempotency_key, reason)
+
+
+def _create_job(
+    engine: Engine, spec: JobCreate, idempotency_key: str | None, reason: tuple[str, str]
+) -> tuple[Job, bool]:
     with write_session(engine) as session:
         if idempotency_key is not None:
             existing = session.exec(
@@ -185,7 +199,10 @@ def cancel_job(engine: Engine, job_id: int) -> Job:
     """Queued -> cancelled now; running -> cancelling (the worker stops it). Idempotent."""
     now = utcnow()
     with write_session(engine) as session:
-        job = get_job(session, job_id)
+        # Locked (PostgreSQL): a worker cannot finish or claim it between read and write.
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise JobNotFound(job_id)
         if job.status in (S.cancelling, S.cancelled):
             return job
         if job.status in (S.succeeded, S.failed):
@@ -207,7 +224,7 @@ def cancel_job(engine: Engine, job_id: int) -> Job:
                 reason_code="cancelling",
                 reason_message="cancel requested; stopping the job",
             )
-        assert done is not None, "status changed inside an IMMEDIATE transaction"
+        assert done is not None, "status changed under the row lock / IMMEDIATE transaction"
         return done
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
 from sqlmodel import Session
+
+from service.db import TCP_KEEPALIVE
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +44,10 @@ class JobListener(threading.Thread):
 
     def __init__(self, engine: Engine, wake: Callable[[], None]) -> None:
         super().__init__(name="job-listener", daemon=True)
-        url = make_url(engine.url.render_as_string(hide_password=False))
-        self.conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        url = engine.url
+        params: dict[str, Any] = {**url.query, **TCP_KEEPALIVE}
+        params |= url.translate_connect_args(username="user", database="dbname")
+        self.conninfo = make_conninfo(**params)  # quotes what needs quoting (spaces too)
         self.wake = wake
         self.stopped = threading.Event()
 

@@ -24,8 +24,9 @@ TABLES = ("log_line", "metric", "job", "worker")
 
 
 @contextmanager
-def throwaway_postgres() -> Iterator[str]:
-    """A new, migrated database on the server; dropped afterwards."""
+def throwaway_postgres(*, migrate: bool = True) -> Iterator[str]:
+    """A new database on the server (migrated to the newest schema unless told not to);
+    dropped afterwards."""
     admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     name = f"trainyard_test_{os.getpid()}_{secrets.token_hex(3)}"
     try:
@@ -39,7 +40,8 @@ def throwaway_postgres() -> Iterator[str]:
         pytest.skip(message)
     url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     try:
-        upgrade(url)
+        if migrate:
+            upgrade(url)
         yield url
     finally:
         with admin.connect() as conn:

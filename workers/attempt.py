@@ -44,6 +44,9 @@ class Attempt:
         self.kill_at: float | None = None
         self.last_step: int | None = None  # progress watchdog: the step last seen ...
         self.last_advance = self.started  # ... and when it last moved
+        # When the lease was last extended (the claim started it): the supervisor's lease
+        # watchdog kills the attempt once this is a whole lease ago.
+        self.renewed_at = self.started
         self.pids_seen: set[int] = set()  # every process of the group, for the GPU check
         self.gpu_wait_since: float | None = None
         self._lines: list[tuple[float, str, str]] = []

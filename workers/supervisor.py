@@ -39,6 +39,7 @@ T = TypeVar("T")
 
 # Claim latency bound while idle. An idle poll is one indexed read, no write lock.
 POLL_INTERVAL_S = 0.05
+LEASE_WATCHDOG_EVERY_S = 0.25
 # With LISTEN/NOTIFY (PostgreSQL) an idle worker polls only this often, as a fallback.
 NOTIFIED_FALLBACK_POLL_S = 1.0
 GPU_SAMPLE_EVERY_S = 5.0  # GPU utilisation and memory, for /metrics
@@ -78,8 +79,8 @@ class Supervisor:
         self.zygote: Zygote | None = None
         self.gpu_pids = gpu.compute_pids  # replaceable in tests: there is no GPU there
         self.sampled_at = float("-inf")
-        self.renewed_at = time.monotonic()  # when this worker's leases were last extended
         self.database_down_since: float | None = None
+        self._watchdog_stop = threading.Event()
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
             JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
@@ -102,19 +103,20 @@ class Supervisor:
         next_heartbeat = 0.0
         if self.listener is not None:
             self.listener.start()
+        threading.Thread(target=self._lease_watchdog, name="lease-watchdog", daemon=True).start()
         try:
             while True:
                 now = time.monotonic()
                 if now >= next_heartbeat:
                     next_heartbeat = now + self.heartbeat_interval_s
                     self._while_database_answers(self._heartbeat)
-                self._stop_jobs_past_their_lease(now)
                 self._supervise(now)
                 self._flush_logs()
                 claimed = not self._stopping and bool(self._while_database_answers(self._claim))
                 if self._stopping and not self.attempts:
                     break
-                if drain and not claimed and not self.attempts and not self._pending():
+                idle = drain and not claimed and not self.attempts
+                if idle and self._while_database_answers(self._pending) is False:
                     break
                 if not claimed:
                     self._wake.wait(self._idle_wait())
@@ -198,26 +200,32 @@ class Supervisor:
             self.database_down_since = None
         return result
 
-    def _stop_jobs_past_their_lease(self, now: float) -> None:
-        """Without a renewal for a whole lease this worker can no longer prove it owns its
-        jobs (another worker may be given them): stop them rather than train twice."""
-        if now - self.renewed_at <= self.lease_s:
-            return
-        for job_id, attempt in self.attempts.items():
-            if attempt.stop_reason != "lease_lost":
-                log.error("job %s: no lease renewal for %.0fs; killing it", job_id, self.lease_s)
-                attempt.stop_reason = "lease_lost"
-                attempt.signal(signal.SIGKILL)
+    def _lease_watchdog(self) -> None:
+        """Kill every attempt whose lease was not renewed for a whole lease: this worker can
+        no longer prove it owns the job (another worker may be given it), so it must not
+        train it on. A thread of its own that never touches the database, so a database
+        call that hangs (a network partition) cannot delay it."""
+        while not self._watchdog_stop.wait(LEASE_WATCHDOG_EVERY_S):
+            now = time.monotonic()
+            for job_id, attempt in list(self.attempts.items()):
+                lapsed = now - attempt.renewed_at > self.lease_s
+                if lapsed and attempt.stop_reason != "lease_lost":
+                    log.error(
+                        "job %s: lease not renewed for %.0fs; killing it", job_id, self.lease_s
+                    )
+                    attempt.stop_reason = "lease_lost"
+                    attempt.signal(signal.SIGKILL)
 
     def _heartbeat(self) -> None:
         catalog.worker_heartbeat(self.engine, self.worker_id, self._sample_devices())
         live = {jid: a for jid, a in self.attempts.items() if a.stop_reason != "lease_lost"}
         asked = time.monotonic()
         held = store.renew_lease(self.engine, [a.fence for a in live.values()], self.lease_s)
-        self.renewed_at = asked  # the leases run from when we asked, not when it returned
         now = time.monotonic()
         for job_id, attempt in live.items():
             lease = held.get(job_id)
+            if lease is not None:
+                attempt.renewed_at = asked  # leases run from when we asked, not when it returned
             if lease is None:
                 # Someone else owns the job now: our runner must not keep training it.
                 log.warning("job %s: lease lost; killing its runner", job_id)
@@ -265,6 +273,7 @@ class Supervisor:
 
     def _claim(self) -> bool:
         free = self._free_devices()
+        asked = time.monotonic()  # the lease starts no earlier than this
         job = store.claim_job(
             self.engine,
             worker_id=self.worker_id,
@@ -291,6 +300,7 @@ class Supervisor:
             env=self._env,
             zygote=self._warm_zygote(),
         )
+        attempt.renewed_at = asked
         self.attempts[job.id] = attempt
         store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
         attempt.note(
@@ -414,6 +424,7 @@ class Supervisor:
         """Leave nothing running: kill what is left, hand its jobs back, say goodbye."""
         if self.listener is not None:
             self.listener.stop()
+        self._watchdog_stop.set()
         for attempt in self.attempts.values():
             attempt.request_stop("shutdown", 0.0)
         deadline = time.monotonic() + self.kill_grace_s

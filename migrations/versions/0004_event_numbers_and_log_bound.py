@@ -28,14 +28,21 @@ def upgrade() -> None:
 
     # Number the rows already there: metric points after the job's log lines (whose seq
     # already counts from 1), then the job's current status and progress after both.
+    # One pass with a window function (a correlated count per row would be quadratic in
+    # a job's points). UPDATE ... FROM: PostgreSQL, and SQLite 3.33+.
     op.execute(
         """
-        UPDATE metric SET seq = (
-            SELECT COALESCE(MAX(l.seq), 0) FROM log_line l WHERE l.job_id = metric.job_id
-        ) + (
-            SELECT COUNT(*) FROM metric m WHERE m.job_id = metric.job_id
-              AND (m.step < metric.step OR (m.step = metric.step AND m.name <= metric.name))
-        )
+        UPDATE metric SET seq = numbered.seq
+        FROM (
+            SELECT m.job_id, m.name, m.step,
+                   ROW_NUMBER() OVER (PARTITION BY m.job_id ORDER BY m.step, m.name)
+                   + COALESCE((SELECT MAX(l.seq) FROM log_line l WHERE l.job_id = m.job_id), 0)
+                   AS seq
+            FROM metric m
+        ) AS numbered
+        WHERE metric.job_id = numbered.job_id
+          AND metric.name = numbered.name
+          AND metric.step = numbered.step
         """
     )
     op.execute(

@@ -6,7 +6,8 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, InternalError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from service.artifacts import ArtifactNotFound
 from service.errors import (
@@ -50,4 +51,8 @@ def install_error_handlers(app: FastAPI) -> None:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
-    app.add_exception_handler(OperationalError, database_unavailable)
+    # OperationalError: cannot connect, connection lost; InterfaceError: connection already
+    # closed; InternalError: e.g. the server ended an idle-in-transaction session;
+    # PoolTimeout: no pooled connection came free in time.
+    for unavailable in (OperationalError, InterfaceError, InternalError, PoolTimeout):
+        app.add_exception_handler(unavailable, database_unavailable)

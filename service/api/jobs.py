@@ -14,6 +14,7 @@ from service import store
 from service.api.deps import CatalogDep, EngineDep, SessionDep, SettingsDep
 from service.artifacts import artifact_path, list_artifacts
 from service.catalog import check_spec, waiting_reason
+from service.db import read_session
 from service.models import (
     JOB_EXAMPLE,
     JobCreate,
@@ -138,8 +139,11 @@ def get_logs(
     return [LogLineRead.model_validate(line, from_attributes=True) for line in rows]
 
 
-def _job_exists(job_id: int, session: SessionDep) -> None:
-    store.get_job(session, job_id)  # 404 before the stream starts, not inside it
+def _job_exists(job_id: int, engine: EngineDep) -> None:
+    # 404 before the stream starts, not inside it. A session of its own, closed at once:
+    # a request-scoped one would hold a connection (and a snapshot) for the whole stream.
+    with read_session(engine) as session:
+        store.get_job(session, job_id)
 
 
 @router.get(

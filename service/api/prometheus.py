@@ -72,10 +72,13 @@ class QueueCollector(Collector):
             devices.add_metric([worker_id], len(worker_devices))
         yield age
         yield devices
-        yield from _gpu_families(workers)
+        # a stopped or silent worker's last sample would read as a live GPU
+        current = [w for w in workers if (now - w[1]).total_seconds() < GPU_SAMPLE_MAX_AGE_S]
+        yield from _gpu_families(current)
 
 
 # Per-GPU gauges: worker heartbeats carry what NVML last said (CUDA workers only).
+GPU_SAMPLE_MAX_AGE_S = 60.0
 _GPU_GAUGES = {
     "utilization_percent": ("trainyard_gpu_utilization_percent", "GPU busy time, NVML."),
     "memory_used_bytes": ("trainyard_gpu_memory_used_bytes", "GPU memory in use, NVML."),

@@ -88,3 +88,16 @@ def test_outage_longer_than_the_lease_stops_the_job_then_it_runs_again(pg_stack:
         wait_for(lambda: not group_members(pgid), 15, "the unowned attempt to be killed")
     done = pg_stack.wait_status(job["id"], {"succeeded", "failed"})
     assert (done["status"], done["attempt"]) == ("succeeded", 2), done
+
+
+def test_an_idle_worker_through_a_long_outage_runs_the_next_job_normally(
+    pg_stack: Stack,
+) -> None:
+    # A long heartbeat interval: the claim right after the outage comes before the next
+    # renewal, as it does when a submit's notification wakes the worker.
+    pg_stack.start_worker(lease_s=3, heartbeat_interval_s=2.5)
+    with database_down(pg_stack.database_url):
+        time.sleep(6)  # two leases with no renewal: nothing was held, nothing to stop
+    job = pg_stack.submit(recipe="tiny", epochs=2, params={"sleep_per_step_s": 0.01})
+    done = pg_stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert (done["status"], done["attempt"]) == ("succeeded", 1), done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import service.models  # noqa: F401  (tables on the metadata)
 from service.db import make_engine
 from service.events import read_events
 from service.migrate import alembic_config, upgrade
+from tests.databases import throwaway_postgres
 
 
 def test_migrations_match_models(engine: Engine) -> None:
@@ -34,9 +36,19 @@ def test_migrated_sqlite_is_in_wal_mode(engine: Engine) -> None:
     )
 
 
-def test_event_numbers_are_given_to_rows_made_before_they_existed(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of each kind, no schema yet."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'old.db'}"
+        return
+    with throwaway_postgres(migrate=False) as url:
+        yield url
+
+
+def test_event_numbers_are_given_to_rows_made_before_they_existed(unmigrated_url: str) -> None:
     """0004 numbers a job's existing logs and metric points so a replay keeps them all."""
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+    url = unmigrated_url
     command.upgrade(alembic_config(url), "0003")
     engine = create_engine(url)
     with engine.begin() as conn:
