@@ -62,6 +62,10 @@ def upgrade() -> None:
     with op.batch_alter_table("metric", schema=None) as batch_op:
         batch_op.alter_column("seq", server_default=None)
         batch_op.create_index("ix_metric_job_seq", ["job_id", "seq"], unique=False)
+    # SQLite's batch mode rebuilt `job` from reflection, which loses the DESC of the claim
+    # index (the claim would then sort the queue): build it again as 0002 made it.
+    op.drop_index("ix_job_claim", table_name="job")
+    op.create_index("ix_job_claim", "job", ["status", sa.text("priority DESC"), "id"])
 
 
 def downgrade() -> None:
