@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, bindparam, func, insert, or_, select, update
@@ -232,56 +232,77 @@ def cancel_job(engine: Engine, job_id: int) -> Job:
 
 
 # The claim's SQL, built once. A claim runs these prebuilt statements with fresh
-# parameters, which skips SQLAlchemy's statement construction: most of a claim's cost.
+# parameters, which skips SQLAlchemy's statement construction.
 
 
-def _claimable(devices: str, *, runnable: bool = True) -> list[Any]:
+def _claimable(job: Any, devices: str, *, runnable: bool = True) -> list[Any]:
     """What a queued job must meet for a worker to take it (``devices``: the param name)."""
     where = [
-        _job.c.status == S.queued,
-        _job.c.devices <= bindparam(devices),
-        _job.c.accelerator.in_(bindparam("accelerators", expanding=True)),
-        _job.c.recipe.in_(bindparam("recipes", expanding=True)),
+        job.c.status == S.queued,
+        job.c.devices <= bindparam(devices),
+        job.c.accelerator.in_(bindparam("accelerators", expanding=True)),
+        job.c.recipe.in_(bindparam("recipes", expanding=True)),
     ]
     if runnable:  # not waiting out a retry back-off
-        where.append(or_(_job.c.run_after.is_(None), _job.c.run_after <= bindparam("now")))
+        where.append(or_(job.c.run_after.is_(None), job.c.run_after <= bindparam("now")))
     return where
 
 
-# PostgreSQL: FOR UPDATE SKIP LOCKED passes over rows another worker is claiming instead of
-# queueing behind it. SQLite ignores it; there the IMMEDIATE transaction serialises claims.
-_OLDEST = (
-    select(_job.c.id, _job.c.devices, _job.c.created_at)
-    .where(*_claimable("total"))
-    .order_by(_job.c.id)
-    .limit(1)
-    .with_for_update(skip_locked=True)
-)
-_BEST = (
-    select(_job.c.id)
-    .where(*_claimable("free"))
-    .order_by(_job.c.priority.desc(), _job.c.id)
-    .limit(1)
-    .with_for_update(skip_locked=True)
-)
-_TAKE = (
-    update(_job)
-    .where(_job.c.id == bindparam("target"), _job.c.status == S.queued)
-    .values(
-        status=S.running,
-        worker_id=bindparam("worker"),
-        lease_token=bindparam("token"),
-        lease_expires_at=bindparam("expires"),
-        started_at=bindparam("now"),
-        finished_at=None,
-        progress=None,
-        reason_code="running",
-        reason_message=bindparam("message"),
-        **_NEXT_STATUS,
+def _take_one() -> Any:
+    """The claim as one statement: UPDATE the best queued job that fits, if still queued.
+
+    Best is highest priority, then oldest. But when the job that has waited longest (the
+    oldest: ids grow with time) was created before ``starve_before``, only it may be taken:
+    if it does not fit the free devices, nothing is, and they stay free until it does.
+    FOR UPDATE SKIP LOCKED (PostgreSQL) passes over a row another worker is claiming
+    instead of queueing behind it; SQLite has no such clause and needs none, since its
+    IMMEDIATE transaction runs one claim at a time.
+    """
+    candidate, oldest = _job.alias("candidate"), _job.alias("oldest")
+    first = (
+        select(oldest.c.id, oldest.c.created_at)
+        .where(*_claimable(oldest, "total"))
+        .order_by(oldest.c.id)
+        .limit(1)
+        .subquery("first")
     )
-    .returning(*_job.c)
-)
-_PENDING = select(func.count()).select_from(_job).where(*_claimable("total", runnable=False))
+    starving = select(first.c.id).where(first.c.created_at < bindparam("starve_before"))
+    target = (
+        select(candidate.c.id)
+        .where(
+            *_claimable(candidate, "free"),
+            candidate.c.id == func.coalesce(starving.scalar_subquery(), candidate.c.id),
+        )
+        .order_by(candidate.c.priority.desc(), candidate.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    return (
+        update(_job)
+        .where(_job.c.id == target, _job.c.status == S.queued)
+        .values(
+            status=S.running,
+            worker_id=bindparam("worker"),
+            lease_token=bindparam("token"),
+            lease_expires_at=bindparam("expires"),
+            started_at=bindparam("now"),
+            finished_at=None,
+            progress=None,
+            reason_code="running",
+            reason_message=bindparam("message"),
+            **_NEXT_STATUS,
+        )
+        .returning(*_job.c)
+    )
+
+
+_TAKE = _take_one()
+# An idle worker's poll mostly finds nothing: it looks (no lock) before it takes one.
+_ANY_FITS = select(_job.c.id).where(*_claimable(_job, "free")).limit(1)
+_PENDING = select(func.count()).select_from(_job).where(*_claimable(_job, "total", runnable=False))
+# Before any job could have waited this long: nothing counts as starving.
+_NEVER = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _accelerators(accelerator: str) -> list[Accelerator]:
@@ -319,32 +340,20 @@ def claim_job(
         "recipes": recipes,
         "now": now,
     }
-    if peek:  # an idle worker's poll mostly finds nothing: look before taking the write lock
+    if peek:
         with read_session(engine) as session:
-            if session.execute(_BEST, params).first() is None:
+            if session.execute(_ANY_FITS, params).first() is None:
                 return None
+    starve_before = _NEVER if reserve_after_s is None else now - timedelta(seconds=reserve_after_s)
     with write_session(engine) as session:
-        target = None
-        if reserve_after_s is not None:
-            # The job waiting longest is the oldest one (ids grow with time); if even it
-            # has not waited reserve_after_s, no job is starving.
-            oldest = session.execute(_OLDEST, params).first()
-            if oldest is not None and oldest.created_at < now - timedelta(seconds=reserve_after_s):
-                if oldest.devices > free_devices:
-                    return None  # hold what is free until the starving job fits
-                target = oldest.id  # it goes first, whatever its priority
-        if target is None:
-            target = session.execute(_BEST, params).scalar()
-        if target is None:
-            return None
         row = session.execute(
             _TAKE,
             {
-                "target": target,
+                **params,
+                "starve_before": starve_before,
                 "worker": worker_id,
                 "token": secrets.token_hex(16),
                 "expires": now + timedelta(seconds=lease_s),
-                "now": now,
                 "message": f"attempt running on {worker_id}",
             },
         ).one_or_none()  # exactly one row, or none: WHERE id = one id AND still queued
