@@ -11,7 +11,7 @@ import jsonschema
 from sqlalchemy import Engine, func, select, update
 from sqlmodel import Session, col
 
-from service.db import write_session
+from service.db import read_session, write_session
 from service.errors import SpecInvalid
 from service.models import (
     Job,
@@ -117,8 +117,9 @@ def load_catalog(session: Session) -> Catalog:
 
 
 class CatalogCache:
-    """The catalog, re-read when a worker (re)registers or after ``ttl_s`` (heartbeats):
-    a submit then costs one tiny query instead of parsing every worker's schemas."""
+    """The catalog, shared by requests for ``ttl_s``: within it a submit costs no query at
+    all. After it, one tiny query tells whether any worker (re)registered (registering
+    stamps ``started_at`` anew); only then is the catalog read again."""
 
     def __init__(self, ttl_s: float = CATALOG_TTL_S) -> None:
         self.ttl_s = ttl_s
@@ -126,17 +127,35 @@ class CatalogCache:
         self._version: tuple[Any, ...] = ()
         self._lock = threading.Lock()
 
-    def get(self, session: Session) -> Catalog:
-        # registering stamps started_at anew, so this changes whenever recipes may have
-        version = tuple(session.execute(select(func.count(), func.max(Worker.started_at))).one())
-        with self._lock:
+    def get(self, engine: Engine, *, fresh: bool = False) -> Catalog:
+        """The cached catalog; ``fresh``: as of now (before refusing a spec, say)."""
+        catalog = self._catalog
+        if catalog is not None and not fresh and time.monotonic() - catalog.read_at <= self.ttl_s:
+            return catalog
+        with self._lock, read_session(engine) as session:
+            query = select(func.count(), func.max(Worker.started_at))
+            version = tuple(session.execute(query).one())
+            catalog = self._catalog
             if (
-                self._catalog is None
+                catalog is None
                 or version != self._version
-                or time.monotonic() - self._catalog.read_at > self.ttl_s
+                or time.monotonic() - catalog.read_at > self.ttl_s
             ):
-                self._catalog, self._version = load_catalog(session), version
-            return self._catalog
+                catalog, self._version = load_catalog(session), version
+                self._catalog = catalog
+            return catalog
+
+    def check(self, engine: Engine, spec: JobCreate) -> tuple[str, str]:
+        """check_spec against the cached catalog; before refusing, or accepting unchecked
+        for want of workers, against the catalog as of now (a worker offering the recipe
+        may have registered a moment ago)."""
+        try:
+            reason = check_spec(self.get(engine), spec)
+        except SpecInvalid:
+            return check_spec(self.get(engine, fresh=True), spec)
+        if reason[0] == "no_worker":  # nothing to check the spec against in the cache
+            return check_spec(self.get(engine, fresh=True), spec)
+        return reason
 
 
 def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[str, str]:

@@ -55,7 +55,13 @@ def serve() -> None:
     settings.require_safe_bind()
     if settings.api_workers == 1:
         app = create_app(settings)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            access_log=settings.access_log,
+        )
         return
     # Several processes: each builds its app from the same environment.
     uvicorn.run(
@@ -65,6 +71,7 @@ def serve() -> None:
         host=settings.host,
         port=settings.port,
         log_level="info",
+        access_log=settings.access_log,
     )
 
 

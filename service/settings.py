@@ -34,6 +34,9 @@ class Settings(BaseSettings):
         "counting the lines dropped between them.",
     )
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger requests get 413.")
+    access_log: bool = Field(
+        True, description="A log line per API request (/metrics counts them either way)."
+    )
     api_workers: int = Field(1, ge=1, le=64, description="API server processes.")
 
     # Worker knobs (seconds).

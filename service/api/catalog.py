@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import CatalogDep, SessionDep
+from service.api.deps import FreshCatalogDep, SessionDep
 from service.catalog import list_workers
 from service.models import RecipeRead, WorkerRead
 
@@ -12,7 +12,7 @@ router = APIRouter()
 
 
 @router.get("/recipes", tags=["recipes"], summary="List recipes and their params schema")
-def get_recipes(catalog: CatalogDep) -> list[RecipeRead]:
+def get_recipes(catalog: FreshCatalogDep) -> list[RecipeRead]:
     """Recipes the registered workers offer, each with the JSON schema of its params."""
     return sorted(catalog.recipes.values(), key=lambda r: r.name)
 

@@ -11,8 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from service.catalog import Catalog
-from service.db import read_session
+from service.catalog import Catalog, CatalogCache
 from service.settings import Settings
 
 
@@ -29,15 +28,27 @@ def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Sess
         yield session
 
 
+def get_catalogs(request: Request) -> CatalogCache:
+    return request.app.state.catalog
+
+
 def get_catalog(request: Request, engine: Annotated[Engine, Depends(get_engine)]) -> Catalog:
-    # A session of its own, closed at once: a submit then holds no connection while it
-    # waits for the write lock (holding one there can exhaust the pool and deadlock).
-    with read_session(engine) as session:
-        return request.app.state.catalog.get(session)
+    # Never holds a connection past this call: a submit then holds none while it waits for
+    # the write lock (holding one there can exhaust the pool and deadlock).
+    return request.app.state.catalog.get(engine)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_fresh_catalog(request: Request, engine: Annotated[Engine, Depends(get_engine)]) -> Catalog:
+    # As of now: a listing must show a worker that registered a moment ago.
+    return request.app.state.catalog.get(engine, fresh=True)
+
+
 CatalogDep = Annotated[Catalog, Depends(get_catalog)]
+FreshCatalogDep = Annotated[Catalog, Depends(get_fresh_catalog)]
+CatalogsDep = Annotated[CatalogCache, Depends(get_catalogs)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SessionDep = Annotated[Session, Depends(get_session)]
 

@@ -11,9 +11,9 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlmodel import col, select
 
 from service import store
-from service.api.deps import CatalogDep, EngineDep, SessionDep, SettingsDep
+from service.api.deps import CatalogDep, CatalogsDep, EngineDep, SessionDep, SettingsDep
 from service.artifacts import artifact_path, list_artifacts
-from service.catalog import check_spec, waiting_reason
+from service.catalog import waiting_reason
 from service.db import read_session
 from service.models import (
     JOB_EXAMPLE,
@@ -40,14 +40,14 @@ def submit_job(
     spec: Annotated[JobCreate, Body(openapi_examples={"ddp": {"value": JOB_EXAMPLE}})],
     response: Response,
     engine: EngineDep,
-    catalog: CatalogDep,
+    catalogs: CatalogsDep,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=200, description="Retries with the same key return the same job."),
     ] = None,
 ) -> JobRead:
     """Validate a job spec against the recipe catalog and enqueue it."""
-    reason = check_spec(catalog, spec)
+    reason = catalogs.check(engine, spec)
     job, created = store.create_job(engine, spec, idempotency_key=idempotency_key, reason=reason)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     if not created:
@@ -83,12 +83,12 @@ def get_job(job_id: int, session: SessionDep, catalog: CatalogDep) -> JobRead:
     "/{job_id}/rerun", status_code=status.HTTP_201_CREATED, summary="Submit an identical job"
 )
 def rerun_job(
-    job_id: int, response: Response, engine: EngineDep, session: SessionDep, catalog: CatalogDep
+    job_id: int, response: Response, engine: EngineDep, session: SessionDep, catalogs: CatalogsDep
 ) -> JobRead:
     """A new job with this one's spec: recipe, params, seed and every other field."""
     spec = store.spec_of(store.get_job(session, job_id))
     session.close()  # hold no connection while waiting for the write lock
-    job, _ = store.create_job(engine, spec, reason=check_spec(catalog, spec))
+    job, _ = store.create_job(engine, spec, reason=catalogs.check(engine, spec))
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return JobRead.from_row(job)
 

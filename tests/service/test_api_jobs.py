@@ -258,3 +258,20 @@ def test_rerun_submits_an_identical_job(client: TestClient, add_worker: Any) -> 
     assert {k: again[k] for k in spec_fields} == {k: first[k] for k in spec_fields}
     assert again["status"] == "queued" and again["attempt"] == 1
     assert client.post("/api/v1/jobs/999/rerun").status_code == 404
+
+
+def test_a_worker_registered_a_moment_ago_is_seen_by_the_next_submit(
+    client: TestClient, add_worker: Any
+) -> None:
+    # The catalog is cached for a second; a spec it would refuse is checked again as of now.
+    r = client.post("/api/v1/jobs", json={**SPEC, "recipe": "tiny"})
+    assert r.status_code == 201 and r.json()["reason"]["code"] == "no_worker"  # cached: empty
+    add_worker()  # offers the tests' recipes, tiny included
+    bad = client.post("/api/v1/jobs", json={**SPEC, "recipe": "tiny", "params": {"width": -1}})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:3] == [
+        "body",
+        "params",
+        "width",
+    ]
+    job = submit(client, recipe="tiny", params={"width": 4})
+    assert job["reason"]["code"] == "queued"
