@@ -211,7 +211,9 @@ class Supervisor:
                 lapsed = now - attempt.renewed_at > self.lease_s
                 if lapsed and attempt.stop_reason != "lease_lost":
                     log.error(
-                        "job %s: lease not renewed for %.0fs; killing it", job_id, self.lease_s
+                        "job %s: lease lost (not renewed for %.0fs); killing it",
+                        job_id,
+                        self.lease_s,
                     )
                     attempt.stop_reason = "lease_lost"
                     attempt.signal(signal.SIGKILL)
