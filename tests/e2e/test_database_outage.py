@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 LONG_JOB = {
     "recipe": "tiny",
-    "epochs": 40,
+    "epochs": 20,
     "batch_size": 64,
     "params": {"samples": 1024, "sleep_per_step_s": 0.02},
 }
