@@ -14,13 +14,18 @@ all of that job's watchers, so a hundred watchers cost one poll, not a hundred.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from anyio import to_thread
+from fastapi.sse import format_sse_event
 from sqlalchemy import Engine, RowMapping, Table, select
 from sqlmodel import Session
 
@@ -32,6 +37,7 @@ log = logging.getLogger(__name__)
 TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
 PAGE = 2_000  # rows of each kind per read: a long job's history streams in pieces
 POLL_S = 0.2  # a feed's database poll while someone watches
+KEEPALIVE_S = 15.0  # an idle stream sends a comment this often, so proxies keep it open
 BUFFER = 20_000  # recent events a feed keeps for watchers that are a little behind
 
 
@@ -40,6 +46,12 @@ class Event:
     id: int
     kind: str  # status, progress, metric or log
     data: dict[str, Any]
+
+    @cached_property
+    def frame(self) -> bytes:
+        """The event on the wire, encoded once however many watchers it is sent to."""
+        data = json.dumps(self.data, separators=(",", ":"))
+        return format_sse_event(data_str=data, event=self.kind, id=str(self.id))
 
 
 @dataclass(frozen=True)
@@ -142,14 +154,16 @@ class _Feed:
             async with self.changed:
                 self.changed.notify_all()  # watchers then read on their own
 
-    async def wait(self, cursor: int) -> None:
-        """Until the feed passes ``cursor`` (or a poll interval, once the feed stopped)."""
+    async def wait(self, cursor: int, timeout: float) -> None:
+        """Until the feed passes ``cursor`` or ``timeout`` (a poll interval, once the feed
+        stopped)."""
         if self.task.done():
-            await asyncio.sleep(self.feeds.poll_s)
+            await asyncio.sleep(min(timeout, self.feeds.poll_s))
             return
         async with self.changed:
             if self.position <= cursor and not self.ended:
-                await self.changed.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), timeout)
 
 
 class JobFeeds:
@@ -175,11 +189,13 @@ class JobFeeds:
         feed.watchers += 1
         return feed
 
-    async def watch(self, job_id: int, after: int) -> AsyncIterator[Event]:
-        """Every event of the job after ``after``, live, until the job has finished."""
+    async def watch(self, job_id: int, after: int) -> AsyncIterator[list[Event]]:
+        """Every event of the job after ``after``, live, in batches (an empty one after
+        KEEPALIVE_S without any), until the job has finished."""
         feed = await self._join(job_id)
         try:
             cursor = after
+            quiet_since = time.monotonic()
             while True:
                 if feed.task.done() and not feed.ended:  # it stopped on a database error
                     stopped, feed = feed, await self._join(job_id)
@@ -189,12 +205,16 @@ class JobFeeds:
                 if events is None:  # behind the feed's buffer: catch up from the database
                     batch = await to_thread.run_sync(read_events, self.engine, job_id, cursor)
                     events, position, ended = batch.events, batch.position, batch.ended
-                for event in events:
-                    yield event
+                if events:
+                    yield events
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since >= KEEPALIVE_S:
+                    yield []
+                    quiet_since = time.monotonic()
                 cursor = max(cursor, position)
                 if ended:
                     return
                 if not events:
-                    await feed.wait(cursor)
+                    await feed.wait(cursor, KEEPALIVE_S - (time.monotonic() - quiet_since))
         finally:
             feed.watchers -= 1

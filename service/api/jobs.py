@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from sqlmodel import col, select
 
 from service import store
@@ -148,7 +149,9 @@ def _job_exists(job_id: int, engine: EngineDep) -> None:
 
 @router.get(
     "/{job_id}/events",
-    response_class=EventSourceResponse,
+    # returned as a response of its own (FastAPI's SSE generators encode per watcher)
+    response_class=Response,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "The stream"}},
     summary="Watch a job live (Server-Sent Events)",
     dependencies=[Depends(_job_exists)],
 )
@@ -159,14 +162,24 @@ async def job_events(
         int | None,
         Header(ge=0, description="Resume after this event id (browsers send it on reconnect)."),
     ] = None,
-) -> AsyncIterator[ServerSentEvent]:
+) -> EventSourceResponse:
     """`status` (the job), `progress`, `metric` and `log` events, each with an increasing
     id; from the job's start, or after `Last-Event-ID`, with no gap and no duplicate. The
     stream ends with an `end` event once the job has finished; `: ping` comments keep idle
     connections open."""
-    async for event in request.app.state.feeds.watch(job_id, last_event_id or 0):
-        yield ServerSentEvent(event=event.kind, id=str(event.id), data=event.data)
-    yield ServerSentEvent(event="end", data={"job_id": job_id})
+    feeds = request.app.state.feeds
+
+    async def frames() -> AsyncIterator[bytes]:
+        # Each event is encoded once, in the feed; a watcher writes a whole batch at once.
+        async for batch in feeds.watch(job_id, last_event_id or 0):
+            yield b"".join(event.frame for event in batch) if batch else KEEPALIVE_COMMENT
+        yield format_sse_event(data_str=json.dumps({"job_id": job_id}), event="end")
+
+    return EventSourceResponse(frames(), headers=_STREAM_HEADERS)
+
+
+# Not cached by browsers; not buffered by nginx-style proxies.
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @router.get("/{job_id}/artifacts", summary="List a job's artifacts")

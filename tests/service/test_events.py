@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import Engine
 
@@ -70,3 +72,30 @@ def test_log_bound_keeps_the_head_and_the_newest_lines_with_a_marker(engine: Eng
     assert kept[50].startswith("[trainyard] 151 line(s) dropped here")
     job = store.load_job(engine, fence.job_id)
     assert (job.log_count, job.log_dropped) == (100, 151)
+
+
+def test_an_idle_stream_gets_keep_alives_and_new_events_live(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events, "KEEPALIVE_S", 0.3)
+    fence = _running_job(engine)
+
+    async def follow() -> list[list[str]]:
+        feeds = events.JobFeeds(engine, poll_s=0.05)
+        seen: list[list[str]] = []
+        async for batch in feeds.watch(fence.job_id, 0):
+            seen.append([e.kind for e in batch])
+            if len(seen) == 2:  # history, then a keep-alive: now something happens
+                line = [(0.0, "stdout", "live")]
+                await asyncio.to_thread(store.append_logs, engine, fence, line, max_lines=100)
+            if len(seen) == 3:
+                done = Outcome(store.S.succeeded, "succeeded", "finished")
+                await asyncio.to_thread(store.finish_attempt, engine, fence, done)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(follow(), 10))
+    assert seen[0] == ["status"] and seen[1] == []  # the claim; then only a keep-alive
+    assert seen[2] == ["log"] and seen[-1] == ["status"]  # live, then the end
+    assert all(kind != [] for kind in seen[2:])
+    frame = events.Event(7, "log", {"text": "x"}).frame  # encoded once, for every watcher
+    assert frame == b'event: log\ndata: {"text":"x"}\nid: 7\n\n'
