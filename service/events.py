@@ -59,6 +59,7 @@ class Batch:
     events: list[Event]
     position: int  # the number the batch reaches: resume after it
     ended: bool  # the job finished and nothing after ``position`` will come
+    more: bool = False  # a page was full: more is there to read at once
 
 
 def read_events(engine: Engine, job_id: int, after: int | None) -> Batch:
@@ -70,6 +71,7 @@ def read_events(engine: Engine, job_id: int, after: int | None) -> Batch:
         upto = job.event_seq
         if after is None or upto <= after:
             return Batch([], upto, job.status in TERMINAL)
+        last = upto
         metrics = _page(session, _METRIC, _METRIC_FIELDS, job_id, after, upto)
         logs = _page(session, _LOG, _LOG_FIELDS, job_id, after, upto)
     # A full page may stop short of upto: end this batch where the shorter page ends.
@@ -85,7 +87,7 @@ def read_events(engine: Engine, job_id: int, after: int | None) -> Batch:
             Event(job.status_seq, "status", JobRead.from_row(job).model_dump(mode="json"))
         )
     events.sort(key=lambda e: e.id)
-    return Batch(events, upto, job.status in TERMINAL and upto == job.event_seq)
+    return Batch(events, upto, job.status in TERMINAL and upto == last, more=upto < last)
 
 
 _METRIC = Metric.__table__  # type: ignore[attr-defined]
@@ -145,7 +147,7 @@ class _Feed:
                 if batch.events or batch.ended:
                     async with self.changed:
                         self.changed.notify_all()
-                if not batch.events:
+                if not batch.more:  # a busy job would otherwise be polled back to back
                     await asyncio.sleep(self.feeds.poll_s)
         except Exception as exc:  # the database went away: watchers read on their own
             log.warning("event feed of job %s stopped: %s", self.job_id, exc)
