@@ -130,20 +130,19 @@ class CatalogCache:
     def get(self, engine: Engine, *, fresh: bool = False) -> Catalog:
         """The cached catalog; ``fresh``: as of now (before refusing a spec, say)."""
         catalog = self._catalog
-        if catalog is not None and not fresh and time.monotonic() - catalog.read_at <= self.ttl_s:
+        if catalog is not None and not fresh and not self._expired(catalog):
             return catalog
         with self._lock, read_session(engine) as session:
             query = select(func.count(), func.max(Worker.started_at))
             version = tuple(session.execute(query).one())
             catalog = self._catalog
-            if (
-                catalog is None
-                or version != self._version
-                or time.monotonic() - catalog.read_at > self.ttl_s
-            ):
+            if catalog is None or version != self._version or self._expired(catalog):
                 catalog, self._version = load_catalog(session), version
                 self._catalog = catalog
             return catalog
+
+    def _expired(self, catalog: Catalog) -> bool:
+        return time.monotonic() - catalog.read_at > self.ttl_s
 
     def check(self, engine: Engine, spec: JobCreate) -> tuple[str, str]:
         """check_spec against the cached catalog; before refusing, or accepting unchecked

@@ -132,7 +132,13 @@ class _Feed:
         """Buffered events after ``cursor``; None when the buffer no longer reaches back."""
         if cursor < self.start:
             return None
-        return [e for e in self.recent if e.id > cursor]
+        newer = []  # from the newest back: O(new events), not O(buffer), per watcher
+        for event in reversed(self.recent):
+            if event.id <= cursor:
+                break
+            newer.append(event)
+        newer.reverse()
+        return newer
 
     async def _poll(self) -> None:
         try:

@@ -44,7 +44,8 @@ ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
     S.cancelled: frozenset({S.queued, S.cancelling}),
 }
 ACTIVE = (S.running, S.cancelling)
-_job = Job.__table__  # type: ignore[attr-defined]  # the table, for Core statements
+_job = Job.__table__  # type: ignore[attr-defined]  # the tables, for Core statements
+_log = LogLine.__table__  # type: ignore[attr-defined]
 # Prebuilt INSERT ... RETURNING: no unit-of-work flush and refresh, no per-call statement
 # construction (a submit's database work drops from ~1 ms to a third of that).
 _INSERT_MANY = insert(_job).returning(*_job.c, sort_by_parameter_order=True)
@@ -478,34 +479,34 @@ def append_logs(
             ],
         )
         if row.log_count > max_lines:
-            _drop_middle_lines(session, fence.job_id, max_lines, row.log_marker_seq)
+            _drop_middle_lines(session, fence.job_id, row.log_count, max_lines, row.log_marker_seq)
         return True
 
 
-def _drop_middle_lines(session: Session, job_id: int, max_lines: int, marker: int | None) -> None:
-    """Bring a job back to ``max_lines`` lines by deleting the oldest lines after its kept
-    head; the marker line (the first line after the head) counts what was dropped."""
-    log = LogLine.__table__  # type: ignore[attr-defined]
-    count = session.execute(select(_job.c.log_count).where(_job.c.id == job_id)).scalar_one()
+def _drop_middle_lines(
+    session: Session, job_id: int, count: int, max_lines: int, marker: int | None
+) -> None:
+    """Bring a job from ``count`` lines back to ``max_lines`` by deleting the oldest lines
+    after its kept head; the marker line (the first after the head) counts what was dropped."""
     replaced = 0
     if marker is None:  # the first drop: the line after the head becomes the marker
         marker = session.execute(
-            select(log.c.seq)
-            .where(log.c.job_id == job_id)
-            .order_by(log.c.seq)
+            select(_log.c.seq)
+            .where(_log.c.job_id == job_id)
+            .order_by(_log.c.seq)
             .offset(max_lines // 2)
             .limit(1)
         ).scalar_one()
         replaced = 1  # its own text gives way to the notice
     doomed = (
-        select(log.c.seq)
-        .where(log.c.job_id == job_id, log.c.seq > marker)
-        .order_by(log.c.seq)
+        select(_log.c.seq)
+        .where(_log.c.job_id == job_id, _log.c.seq > marker)
+        .order_by(_log.c.seq)
         .limit(count - max_lines)
         .scalar_subquery()
     )
     deleted = session.execute(
-        log.delete().where(log.c.job_id == job_id, log.c.seq.in_(doomed))
+        _log.delete().where(_log.c.job_id == job_id, _log.c.seq.in_(doomed))
     ).rowcount  # type: ignore[attr-defined]
     dropped = session.execute(
         update(_job)
@@ -518,8 +519,8 @@ def _drop_middle_lines(session: Session, job_id: int, max_lines: int, marker: in
         .returning(_job.c.log_dropped)
     ).scalar_one()
     session.execute(
-        update(log)
-        .where(log.c.job_id == job_id, log.c.seq == marker)
+        update(_log)
+        .where(_log.c.job_id == job_id, _log.c.seq == marker)
         .values(
             stream="system",
             text=f"[trainyard] {dropped} line(s) dropped here: the job printed more than "
@@ -678,7 +679,7 @@ def active_jobs_of(engine: Engine, worker_id: str) -> list[Job]:
 
 
 # INSERT that skips points whose (job, name, step) exists: a resumed run re-reports some.
-_INSERT_LOG = insert(LogLine.__table__)  # type: ignore[attr-defined]
+_INSERT_LOG = insert(_log)
 _INSERT_METRIC = {
     "sqlite": sqlite.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]
     "postgresql": postgresql.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]

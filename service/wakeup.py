@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlmodel import Session
 
 from service.db import TCP_KEEPALIVE
@@ -28,14 +28,15 @@ _NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', '')")
 RECONNECT_S = 1.0
 
 
+def can_listen(engine: Engine | Connection) -> bool:
+    """Whether the database has LISTEN/NOTIFY (PostgreSQL)."""
+    return engine.dialect.name == "postgresql"
+
+
 def announce_job(session: Session) -> None:
     """Tell listening workers, when this transaction commits, that a job can be claimed."""
-    if session.get_bind().dialect.name == "postgresql":
+    if can_listen(session.get_bind()):
         session.execute(_NOTIFY)
-
-
-def can_listen(engine: Engine) -> bool:
-    return engine.dialect.name == "postgresql"
 
 
 class JobListener(threading.Thread):

@@ -210,13 +210,13 @@ class Supervisor:
             for job_id, attempt in list(self.attempts.items()):
                 lapsed = now - attempt.renewed_at > self.lease_s
                 if lapsed and attempt.stop_reason != "lease_lost":
-                    log.error(
-                        "job %s: lease lost (not renewed for %.0fs); killing it",
-                        job_id,
-                        self.lease_s,
-                    )
-                    attempt.stop_reason = "lease_lost"
-                    attempt.signal(signal.SIGKILL)
+                    self._kill_unowned(job_id, attempt, f"not renewed for {self.lease_s:.0f}s")
+
+    def _kill_unowned(self, job_id: int, attempt: Attempt, why: str) -> None:
+        """The job is not (provably) ours any more: its runner must not train on."""
+        log.error("job %s: lease lost (%s); killing its runner", job_id, why)
+        attempt.stop_reason = "lease_lost"
+        attempt.signal(signal.SIGKILL)
 
     def _heartbeat(self) -> None:
         catalog.worker_heartbeat(self.engine, self.worker_id, self._sample_devices())
@@ -226,14 +226,10 @@ class Supervisor:
         now = time.monotonic()
         for job_id, attempt in live.items():
             lease = held.get(job_id)
-            if lease is not None:
-                attempt.renewed_at = asked  # leases run from when we asked, not when it returned
-            if lease is None:
-                # Someone else owns the job now: our runner must not keep training it.
-                log.warning("job %s: lease lost; killing its runner", job_id)
-                attempt.stop_reason = "lease_lost"
-                attempt.signal(signal.SIGKILL)
+            if lease is None:  # someone else owns the job now
+                self._kill_unowned(job_id, attempt, "refused by the database")
                 continue
+            attempt.renewed_at = asked  # leases run from when we asked, not when it returned
             if lease.status == JobStatus.cancelling:
                 attempt.request_stop("cancel", self.kill_grace_s)
             if lease.step != attempt.last_step:
