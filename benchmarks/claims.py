@@ -1,5 +1,6 @@
 """Claims at the SQL level: processes claiming from 10,000 queued jobs, on SQLite (two
-processes: one box) and on PostgreSQL (four: several boxes).
+processes: one box) and on PostgreSQL (four: several boxes); on PostgreSQL also the same
+statement sent by bare psycopg, side by side, for the ceiling of the machine.
 
 python -m benchmarks.claims [--jobs 10000] [--databases sqlite:2,postgresql:4]
 """
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import secrets
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert
+import psycopg
+from sqlalchemy import event, insert
+from sqlalchemy.engine import make_url
 
 from benchmarks.common import database, print_table, save
 from service import store
@@ -29,8 +33,35 @@ def claimer(url: str, name: str, start: Any, out: Any) -> None:
     engine = make_engine(url)
     start.wait()
     got = []
-    while (job := store.claim_job(engine, worker_id=name, **CLAIM)) is not None:
-        got.append(job.id)
+    while (claimed := store.claim_job(engine, worker_id=name, **CLAIM)) is not None:
+        got.append(claimed.fence.job_id)
+    out.put((name, got, time.perf_counter()))
+
+
+def bare_claimer(url: str, name: str, start: Any, out: Any) -> None:
+    """The same claim statement sent by psycopg itself (no SQLAlchemy, no pool, no pre-ping
+    or result processing, a new lease token each time): what this database on this machine
+    allows a Python client, so the figure above reads as a ratio."""
+    engine = make_engine(url)
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def keep(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
+        if statement.startswith("UPDATE job"):
+            sent.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    claimed = store.claim_job(engine, worker_id=name, **CLAIM)  # learns the SQL; takes one
+    assert claimed is not None
+    [(sql, params)] = sent
+    conn = psycopg.connect(make_url(url).set(drivername="postgresql").render_as_string(False))
+    conn.autocommit = True
+    got = [claimed.fence.job_id]
+    start.wait()
+    while True:
+        row = conn.execute(sql, {**params, "token": secrets.token_hex(16)}).fetchone()
+        if row is None:
+            break
+        got.append(row[0])
     out.put((name, got, time.perf_counter()))
 
 
@@ -38,6 +69,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--databases", default="sqlite:2,postgresql:4", help="kind:processes")
+    parser.add_argument(
+        "--no-bare", dest="bare", action="store_false", help="skip the bare psycopg run"
+    )
     args = parser.parse_args()
     rows = []
     for spec in args.databases.split(","):
@@ -47,11 +81,16 @@ def main() -> None:
                 url = f"sqlite:///{Path(tmp) / 'claims.db'}"
                 upgrade(url)
             rows.append({"database": kind, **measure(url, args.jobs, int(processes))})
+        if kind == "postgresql" and args.bare:
+            with database(kind) as url:
+                assert url is not None
+                bare = measure(url, args.jobs, int(processes), bare_claimer)
+                rows.append({"database": "postgresql, bare psycopg", **bare})
     print_table("claims", rows)
     save("claims", rows)
 
 
-def measure(url: str, jobs: int, processes: int) -> dict[str, Any]:
+def measure(url: str, jobs: int, processes: int, target: Any = claimer) -> dict[str, Any]:
     row = Job.model_validate(JobCreate(recipe="r").model_dump()).model_dump(exclude={"id"})
     engine = make_engine(url)
     with write_session(engine) as session:
@@ -61,7 +100,7 @@ def measure(url: str, jobs: int, processes: int) -> dict[str, Any]:
     engine.dispose()
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=claimer, args=(url, f"w{i}", start, out)) for i in range(processes)]
+    procs = [ctx.Process(target=target, args=(url, f"w{i}", start, out)) for i in range(processes)]
     for p in procs:
         p.start()
     time.sleep(3)  # let every process import and connect before the clock starts

@@ -98,8 +98,8 @@ def reporting(engine: Engine) -> Iterator[DbReporter]:
     claimed = store.claim_job(
         engine, worker_id="w", free_devices=1, accelerator="cpu", recipes=["tiny"], lease_s=600
     )
-    assert claimed is not None and claimed.id is not None and claimed.lease_token is not None
-    fence = store.Fence(claimed.id, claimed.attempt, claimed.lease_token)
+    assert claimed is not None
+    fence = claimed.fence
     reporter = DbReporter(engine, fence).start()
     try:
         yield reporter

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlmodel import Session
 
@@ -112,6 +112,22 @@ def write_session(engine: Engine) -> Iterator[Session]:
     with lock, Session(immediate, expire_on_commit=False) as session:
         yield session
         session.commit()
+
+
+@contextmanager
+def statement_connection(engine: Engine) -> Iterator[Connection]:
+    """A Core connection for one write statement, which is its own transaction (the claim).
+
+    PostgreSQL runs it in autocommit: one round trip, where a transaction around it takes
+    three (BEGIN, the statement, COMMIT). SQLite takes the write lock as ``write_session``.
+    """
+    if not is_sqlite(engine):
+        with engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+        return
+    lock, immediate = _sqlite_writer(engine)
+    with lock, immediate.begin() as conn:
+        yield conn
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import ConfigDict
-from sqlalchemy import JSON, DateTime, Index, String, TypeDecorator, column, desc
+from sqlalchemy import JSON, DateTime, Index, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
 
 
@@ -140,14 +140,27 @@ class JobCreate(JobBase):
     )
 
 
+# The predicate of the queue's partial indexes. A query is served by them only if its own
+# text says ``status = 'queued'`` (a bound parameter would not prove it), so the store
+# spells the same literal (``store._queued``).
+QUEUED_ONLY: dict[str, Any] = {
+    f"{dialect}_where": text("status = 'queued'") for dialect in ("sqlite", "postgresql")
+}
+
+
 class Job(JobBase, table=True):
     """A job row: the spec plus its place in the lifecycle."""
 
     __tablename__ = "job"
     __table_args__ = (
-        # The claim's order (priority DESC, id ASC), so a claim reads one index entry
-        # instead of sorting the queue; and the listing's (newest first, by status).
-        Index("ix_job_claim", "status", desc(column("priority")), "id"),
+        # The queue, as partial indexes that hold queued jobs only: the claim's order
+        # (priority DESC, id ASC), so a claim reads one index entry instead of sorting the
+        # queue, and age (id), for the starvation check's oldest queued job. A job leaves
+        # them when claimed, so they stay the size of the queue, not of the history, and
+        # no planner statistics can make a claim walk past the jobs already taken.
+        Index("ix_job_claim", desc(column("priority")), "id", **QUEUED_ONLY),
+        Index("ix_job_queued_id", "id", **QUEUED_ONLY),
+        # The listing's (newest first, by status).
         Index("ix_job_status_id", "status", "id"),
         Index("ix_job_worker", "worker_id", "status"),
     )

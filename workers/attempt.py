@@ -13,8 +13,7 @@ import threading
 import time
 from typing import IO
 
-from service.models import Job
-from service.store import Fence
+from service.store import Claim
 from workers.zygote import Zygote, ZygoteProcess
 
 Process = subprocess.Popen[bytes] | ZygoteProcess
@@ -29,11 +28,10 @@ class Attempt:
     """A runner started in a new session, so its pgid names every process of the attempt."""
 
     def __init__(
-        self, job: Job, devices: list[int], proc: Process, stdout: IO[bytes], stderr: IO[bytes]
+        self, job: Claim, devices: list[int], proc: Process, stdout: IO[bytes], stderr: IO[bytes]
     ) -> None:
-        assert job.id is not None and job.lease_token is not None
-        self.job_id = job.id
-        self.fence = Fence(job.id, job.attempt, job.lease_token)
+        self.fence = job.fence
+        self.job_id = job.fence.job_id
         self.devices = devices
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the runner leads its own group
@@ -61,7 +59,7 @@ class Attempt:
     @classmethod
     def start(
         cls,
-        job: Job,
+        job: Claim,
         devices: list[int],
         *,
         accelerator: str,
@@ -71,9 +69,9 @@ class Attempt:
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
         args = [
-            "--job-id", str(job.id),
-            "--attempt", str(job.attempt),
-            "--lease-token", str(job.lease_token),
+            "--job-id", str(job.fence.job_id),
+            "--attempt", str(job.fence.attempt),
+            "--lease-token", job.fence.lease_token,
             "--accelerator", accelerator,
             "--threads", str(threads),
         ]  # fmt: skip

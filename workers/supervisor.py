@@ -272,7 +272,7 @@ class Supervisor:
     def _claim(self) -> bool:
         free = self._free_devices()
         asked = time.monotonic()  # the lease starts no earlier than this
-        job = store.claim_job(
+        claim = store.claim_job(
             self.engine,
             worker_id=self.worker_id,
             free_devices=len(free),
@@ -283,15 +283,15 @@ class Supervisor:
             reserve_after_s=self.settings.reserve_after_s,
             peek=True,
         )
-        if job is None:
+        if claim is None:
             return False
-        assert job.id is not None
-        held = free[: job.devices]
-        ddp = job.strategy == "ddp" or (job.strategy == "auto" and job.devices > 1)
-        processes = job.devices if ddp else 1
+        fence = claim.fence
+        held = free[: claim.devices]
+        ddp = claim.strategy == "ddp" or (claim.strategy == "auto" and claim.devices > 1)
+        processes = claim.devices if ddp else 1
         threads = device_info.threads_per_process(len(held), len(self.devices), processes)
         attempt = Attempt.start(
-            job,
+            claim,
             held,
             accelerator=self.accelerator,
             threads=threads,
@@ -299,13 +299,13 @@ class Supervisor:
             zygote=self._warm_zygote(),
         )
         attempt.renewed_at = asked
-        self.attempts[job.id] = attempt
+        self.attempts[fence.job_id] = attempt
         store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
         attempt.note(
-            f"attempt {job.attempt} started on {self.worker_id}, "
+            f"attempt {fence.attempt} started on {self.worker_id}, "
             f"{self.accelerator} devices {held}, runner pid {attempt.pgid}"
         )
-        log.info("job %s: claimed (attempt %d) on devices %s", job.id, job.attempt, held)
+        log.info("job %s: claimed (attempt %d) on devices %s", fence.job_id, fence.attempt, held)
         return True
 
     def _warm_zygote(self) -> Zygote | None:

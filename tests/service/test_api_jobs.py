@@ -102,8 +102,8 @@ def _claim(engine: Engine) -> Fence:
         recipes=["mlp-regression"],
         lease_s=30,
     )
-    assert job is not None and job.id is not None and job.lease_token is not None
-    return Fence(job.id, job.attempt, job.lease_token)
+    assert job is not None
+    return job.fence
 
 
 def test_cancel_running_becomes_cancelling(

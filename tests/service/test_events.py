@@ -17,8 +17,8 @@ from tests.service.test_store import CLAIM
 def _running_job(engine: Engine) -> Fence:
     store.create_job(engine, JobCreate(recipe="r"))
     job = store.claim_job(engine, **CLAIM)
-    assert job is not None and job.id is not None and job.lease_token is not None
-    return Fence(job.id, job.attempt, job.lease_token)
+    assert job is not None
+    return job.fence
 
 
 def test_paged_reads_from_any_point_see_each_event_once_in_order(

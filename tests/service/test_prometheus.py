@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from service import store
 from service.catalog import worker_heartbeat
 from service.models import JobStatus
-from service.store import Fence, Outcome
+from service.store import Outcome
 from workers import gpu
 
 SPEC = {"recipe": "mlp-regression", "devices": 1, "accelerator": "cpu"}
@@ -38,9 +38,9 @@ def test_metrics_count_jobs_workers_and_requests(
         engine, worker_id="box", free_devices=1, accelerator="cpu",
         recipes=["mlp-regression"], lease_s=60,
     )  # fmt: skip
-    assert job is not None and job.id == ids[0] and job.lease_token is not None
+    assert job is not None and job.fence.job_id == ids[0]
     store.finish_attempt(
-        engine, Fence(job.id, job.attempt, job.lease_token),
+        engine, job.fence,
         Outcome(JobStatus.succeeded, "succeeded", "trained"),
     )  # fmt: skip
     client.post(f"/api/v1/jobs/{ids[1]}/cancel")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import re
 from typing import Any
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, event, insert, update
 
 from service import store
 from service.db import make_engine, write_session
@@ -28,11 +29,8 @@ def enqueue(engine: Engine, **spec: Any) -> int:
 
 
 def claim(engine: Engine, **overrides: Any) -> Fence | None:
-    job = store.claim_job(engine, **{**CLAIM, **overrides})
-    if job is None:
-        return None
-    assert job.id is not None and job.lease_token is not None
-    return Fence(job.id, job.attempt, job.lease_token)
+    claimed = store.claim_job(engine, **{**CLAIM, **overrides})
+    return claimed.fence if claimed is not None else None
 
 
 def test_claim_order_priority_then_oldest_and_fit(engine: Engine) -> None:
@@ -53,8 +51,8 @@ def test_claim_order_priority_then_oldest_and_fit(engine: Engine) -> None:
 def _claimer(url: str, out: Any) -> None:
     engine = make_engine(url)
     got = []
-    while (job := store.claim_job(engine, **CLAIM)) is not None:
-        got.append(job.id)
+    while (claimed := store.claim_job(engine, **CLAIM)) is not None:
+        got.append(claimed.fence.job_id)
     out.put(got)
 
 
@@ -72,6 +70,48 @@ def test_two_processes_never_claim_the_same_job(engine: Engine, settings: Any) -
     claimed = results[0] + results[1]
     assert len(claimed) == len(set(claimed)) == len(ids)  # each exactly once
     assert set(claimed) == ids
+
+
+def _claim_plan(engine: Engine) -> str:
+    """The database's own plan for the claim statement, as ``claim_job`` sends it."""
+    sent: list[tuple[str, Any]] = []
+
+    def keep(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
+        if statement.startswith("UPDATE job"):
+            sent.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        assert claim(engine, free_devices=1, total_devices=1, reserve_after_s=600) is not None
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    [(statement, params)] = sent
+    explain = "EXPLAIN QUERY PLAN " if engine.dialect.name == "sqlite" else "EXPLAIN "
+    conn = engine.raw_connection()
+    try:
+        cursor = conn.cursor()
+        cursor.execute(explain + statement, params)
+        return "\n".join(str(row[-1]) for row in cursor.fetchall())
+    finally:
+        conn.close()
+
+
+def test_claim_reads_only_the_queue_indexes(engine: Engine) -> None:
+    """With statistics taken while every job was queued (a burst of submits), the claim
+    still finds the best and the oldest queued job in the queue's partial indexes, not by
+    walking past the jobs already claimed (which made claims slower the more were taken)."""
+    with write_session(engine) as session:
+        row = Job.model_validate(JobCreate(recipe="r").model_dump()).model_dump(exclude={"id"})
+        session.execute(insert(Job), [row] * 2000)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE job" if engine.dialect.name == "postgresql" else "ANALYZE")
+    for _ in range(1000):
+        assert claim(engine) is not None
+    plan = _claim_plan(engine)
+    for table in ("candidate", "oldest"):  # the best queued job; the oldest (starvation)
+        [line] = [line for line in plan.splitlines() if line.endswith(f" {table}")
+                  or f" {table} " in line]  # fmt: skip
+        assert re.search(r"ix_job_(claim|queued_id|status_id)\b", line), plan
 
 
 def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
