@@ -47,6 +47,7 @@ class DbReporter:
         self._last_stored = time.monotonic()
         self.flush_interval_s = flush_interval_s
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="db-reporter", daemon=True)
 
     def put_nowait(self, item: Any) -> None:
@@ -58,7 +59,7 @@ class DbReporter:
 
     def close(self) -> None:
         """Write what is left and stop the thread."""
-        self.events.put_nowait(None)
+        self._closing.set()
         self._thread.join()
 
     def _loop(self) -> None:
@@ -66,16 +67,15 @@ class DbReporter:
         metrics: list[dict[str, Any]] = []
         done = False
         while not done:
-            deadline = time.monotonic() + self.flush_interval_s
-            while (left := deadline - time.monotonic()) > 0:
+            # Sleep a whole interval, then take everything queued meanwhile. Blocking on
+            # the queue instead would wake this thread once per event, and each wake-up
+            # takes the GIL from the training loop (with a point every step: 0.81x).
+            done = self._closing.wait(self.flush_interval_s)
+            while True:
                 try:
-                    item = self.events.get(timeout=left)
+                    kind, payload = self.events.get_nowait()
                 except queue.Empty:
                     break
-                if item is None:
-                    done = True
-                    break
-                kind, payload = item
                 if kind == "progress":
                     progress = payload  # only the newest matters
                 elif kind == "metric":
