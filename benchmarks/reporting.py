@@ -136,23 +136,26 @@ def _watch(url: str, job_id: int, n: int, connected: Any, out: Any) -> None:
     counts = [0] * n
 
     def follow(i: int) -> None:
-        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
-        conn.request("GET", f"/api/v1/jobs/{job_id}/events")
-        response = conn.getresponse()
-        assert response.status == 200, response.status
-        opened.wait()
-        tail = b""  # an event's "\nevent:" may straddle two reads
+        try:
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
+            conn.request("GET", f"/api/v1/jobs/{job_id}/events")
+            response = conn.getresponse()
+            assert response.status == 200, response.status
+        except BaseException:
+            opened.abort()  # the others and the parent stop waiting for this one
+            raise
+        opened.wait(timeout=60)
+        tail = b"\n"  # as if a line ended before the stream; "\nevent:" may straddle reads
         while chunk := response.read1(65536):
             data = tail + chunk
             counts[i] += data.count(b"\nevent:") - tail.count(b"\nevent:")
-            counts[i] += data.startswith(b"event:") and not tail
             tail = data[-7:]
         conn.close()
 
-    threads = [threading.Thread(target=follow, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=follow, args=(i,), daemon=True) for i in range(n)]
     for thread in threads:
         thread.start()
-    opened.wait()
+    opened.wait(timeout=60)
     connected.set()
     for thread in threads:
         thread.join()

@@ -84,7 +84,7 @@ class Claim(NamedTuple):
     fence: Fence
     devices: int
     strategy: Strategy
-    timeout_s: float | None
+    timeout_s: int | None
 
 
 def _lease_ended(code: str, message: str, **more: Any) -> dict[str, Any]:
