@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy import event, insert
+from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
 from benchmarks.common import database, print_table, save
@@ -24,6 +24,7 @@ from service import store
 from service.db import make_engine, write_session
 from service.migrate import upgrade
 from service.models import Job, JobCreate
+from tests.databases import claim_as_sent
 
 CLAIM = {"free_devices": 1, "total_devices": 1, "accelerator": "cpu", "recipes": ["r"],
          "lease_s": 60.0, "reserve_after_s": 600.0}  # fmt: skip
@@ -42,17 +43,9 @@ def bare_claimer(url: str, name: str, start: Any, out: Any) -> None:
     """The same claim statement sent by psycopg itself (no SQLAlchemy, no pool, no pre-ping
     or result processing, a new lease token each time): what this database on this machine
     allows a Python client, so the figure above reads as a ratio."""
-    engine = make_engine(url)
-    sent: list[tuple[str, dict[str, Any]]] = []
-
-    def keep(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
-        if statement.startswith("UPDATE job"):
-            sent.append((statement, params))
-
-    event.listen(engine, "before_cursor_execute", keep)
-    claimed = store.claim_job(engine, worker_id=name, **CLAIM)  # learns the SQL; takes one
+    # learns the SQL as claim_job sends it, and takes one job
+    claimed, sql, params = claim_as_sent(make_engine(url), worker_id=name, **CLAIM)
     assert claimed is not None
-    [(sql, params)] = sent
     conn = psycopg.connect(make_url(url).set(drivername="postgresql").render_as_string(False))
     conn.autocommit = True
     got = [claimed.fence.job_id]

@@ -65,12 +65,12 @@ def measure(stack: Stack, kind: str, jobs: int) -> list[dict[str, Any]]:
         to_running = [r[0] * 1000 for r in runs]
         to_step = [r[1] * 1000 for r in runs]
         rows.append({
-                "database": kind,
-                "strategy": f"{strategy}({devices})",
-                "to_running_p50_ms": statistics.median(to_running),
-                "to_running_p90_ms": pct(to_running, 0.9),
-                "to_first_step_p50_ms": statistics.median(to_step),
-                "to_first_step_p90_ms": pct(to_step, 0.9),
+            "database": kind,
+            "strategy": f"{strategy}({devices})",
+            "to_running_p50_ms": statistics.median(to_running),
+            "to_running_p90_ms": pct(to_running, 0.9),
+            "to_first_step_p50_ms": statistics.median(to_step),
+            "to_first_step_p90_ms": pct(to_step, 0.9),
         })  # fmt: skip
     return rows
 

@@ -155,17 +155,16 @@ def _create_job(
     if idempotency_key is None:  # the common case: batched with concurrent submits
         return committer(engine, _insert_jobs).submit(row), True
     with write_session(engine) as session:
-        if idempotency_key is not None:
-            existing = session.exec(
-                select(Job).where(Job.idempotency_key == idempotency_key)
-            ).scalar_one_or_none()
-            if existing is not None:
-                if spec_of(existing) != spec:
-                    raise IdempotencyConflict(
-                        f"Idempotency-Key {idempotency_key!r} was used for a different job "
-                        f"({existing.id})"
-                    )
-                return existing, False
+        existing = session.exec(
+            select(Job).where(Job.idempotency_key == idempotency_key)
+        ).scalar_one_or_none()
+        if existing is not None:
+            if spec_of(existing) != spec:
+                raise IdempotencyConflict(
+                    f"Idempotency-Key {idempotency_key!r} was used for a different job "
+                    f"({existing.id})"
+                )
+            return existing, False
         return _insert_jobs(session, [row])[0], True
 
 
@@ -274,6 +273,11 @@ def _claimable(job: Any, devices: str, *, runnable: bool = True) -> list[Any]:
     return where
 
 
+# What a claim reads back besides the fence (each column costs: ~40 of them made a
+# third of a claim's time in the worker).
+_CLAIM_SPEC = (_job.c.devices, _job.c.strategy, _job.c.timeout_s)
+
+
 def _take_one() -> Any:
     """The claim as one statement: UPDATE the best queued job that fits, if still queued.
 
@@ -321,11 +325,6 @@ def _take_one() -> Any:
         )
         .returning(_job.c.id, _job.c.attempt, _job.c.lease_token, *_CLAIM_SPEC)
     )
-
-
-# What a claim reads back besides the fence (each column costs: ~40 of them made a
-# third of a claim's time in the worker).
-_CLAIM_SPEC = (_job.c.devices, _job.c.strategy, _job.c.timeout_s)
 
 
 _TAKE = _take_one()

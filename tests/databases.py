@@ -7,11 +7,13 @@ import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
+from service import store
 from service.migrate import upgrade
 
 # The server, by a database on it that we may connect to in order to create our own.
@@ -55,3 +57,21 @@ def empty(url: str) -> None:
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
     engine.dispose()
+
+
+def claim_as_sent(engine: Engine, **claim: Any) -> tuple[store.Claim | None, str, Any]:
+    """``store.claim_job(engine, **claim)``, with the claim statement and its parameters
+    exactly as it handed them to the driver (to EXPLAIN it, or to replay it bare)."""
+    sent: list[tuple[str, Any]] = []
+
+    def keep(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
+        if statement.startswith("UPDATE job"):
+            sent.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        claimed = store.claim_job(engine, **claim)
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    [(statement, params)] = sent
+    return claimed, statement, params

@@ -362,10 +362,8 @@ class Supervisor:
             attempt.note(f"attempt {attempt.fence.attempt} ended: {outcome.reason_message}")
             attempt.ended_noted = True
         self._write_lines(attempt)
-        if (
-            outcome.status == JobStatus.queued
-        ):  # handed back (shutdown, preempted): no attempt spent
-            store.release_attempt(
+        if outcome.status == JobStatus.queued:  # handed back (shutdown, preempted)
+            store.release_attempt(  # no attempt spent
                 self.engine, attempt.fence, outcome.reason_code, outcome.reason_message
             )
         else:

@@ -6,12 +6,13 @@ import multiprocessing as mp
 import re
 from typing import Any
 
-from sqlalchemy import Engine, event, insert, update
+from sqlalchemy import Engine, insert, update
 
 from service import store
 from service.db import make_engine, write_session
 from service.models import Job, JobCreate, JobStatus
 from service.store import Fence, Outcome
+from tests.databases import claim_as_sent
 
 CLAIM = {
     "worker_id": "w",
@@ -74,18 +75,9 @@ def test_two_processes_never_claim_the_same_job(engine: Engine, settings: Any) -
 
 def _claim_plan(engine: Engine) -> str:
     """The database's own plan for the claim statement, as ``claim_job`` sends it."""
-    sent: list[tuple[str, Any]] = []
-
-    def keep(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
-        if statement.startswith("UPDATE job"):
-            sent.append((statement, params))
-
-    event.listen(engine, "before_cursor_execute", keep)
-    try:
-        assert claim(engine, free_devices=1, total_devices=1, reserve_after_s=600) is not None
-    finally:
-        event.remove(engine, "before_cursor_execute", keep)
-    [(statement, params)] = sent
+    overrides = {"free_devices": 1, "total_devices": 1, "reserve_after_s": 600}
+    claimed, statement, params = claim_as_sent(engine, **{**CLAIM, **overrides})
+    assert claimed is not None
     explain = "EXPLAIN QUERY PLAN " if engine.dialect.name == "sqlite" else "EXPLAIN "
     conn = engine.raw_connection()
     try:
