@@ -127,10 +127,16 @@ class CatalogCache:
         self._version: tuple[Any, ...] = ()
         self._lock = threading.Lock()
 
+    def cached(self) -> Catalog | None:
+        """The cached catalog while it is within ``ttl_s``, else None; never queries, so
+        the API's event loop calls it directly."""
+        catalog = self._catalog
+        return None if catalog is None or self._expired(catalog) else catalog
+
     def get(self, engine: Engine, *, fresh: bool = False) -> Catalog:
         """The cached catalog; ``fresh``: as of now (before refusing a spec, say)."""
-        catalog = self._catalog
-        if catalog is not None and not fresh and not self._expired(catalog):
+        catalog = None if fresh else self.cached()
+        if catalog is not None:
             return catalog
         with self._lock, read_session(engine) as session:
             query = select(func.count(), func.max(Worker.started_at))
@@ -148,13 +154,20 @@ class CatalogCache:
         """check_spec against the cached catalog; before refusing, or accepting unchecked
         for want of workers, against the catalog as of now (a worker offering the recipe
         may have registered a moment ago)."""
+        return self.check_cached(spec) or check_spec(self.get(engine, fresh=True), spec)
+
+    def check_cached(self, spec: JobCreate) -> tuple[str, str] | None:
+        """``check``'s answer where the cached catalog gives it without a query: a spec it
+        accepts, checked against workers it knows. None where ``check`` must ask the
+        database (the cache expired, or it would refuse, or it knows no worker)."""
+        catalog = self.cached()
+        if catalog is None:
+            return None
         try:
-            reason = check_spec(self.get(engine), spec)
+            reason = check_spec(catalog, spec)
         except SpecInvalid:
-            return check_spec(self.get(engine, fresh=True), spec)
-        if reason[0] == "no_worker":  # nothing to check the spec against in the cache
-            return check_spec(self.get(engine, fresh=True), spec)
-        return reason
+            return None
+        return None if reason[0] == "no_worker" else reason
 
 
 def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[str, str]:

@@ -2,10 +2,11 @@
 
 Under load a submit's cost is mostly the transaction around its one INSERT: the write
 lock (SQLite) or the WAL flush (PostgreSQL), and, with many threads, the GIL handing
-the lock holder's time to the threads queued behind it. Here request threads hand their
-row to one writer thread and wait; the writer takes whatever has queued up meanwhile
-(one row when idle, dozens under load) and inserts it all in one transaction. Nothing
-waits on a timer: an idle submit is written at once.
+the lock holder's time to the threads queued behind it. Here requests hand their row to one
+writer thread and wait for its future (the API awaits it on the event loop, holding no
+thread); the writer takes whatever has queued up meanwhile (one row when idle, dozens
+under load) and inserts it all in one transaction. Nothing waits on a timer: an idle
+submit is written at once.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from service.db import write_session
 
 MAX_BATCH = 256
 
-Row = dict[str, Any]
-Write = Callable[[Session, list[Row]], list[Any]]
+Values = dict[str, Any]  # one row to insert
+Write = Callable[[Session, list[Values]], list[Any]]
 
 
 class GroupCommit:
@@ -34,22 +35,31 @@ class GroupCommit:
     def __init__(self, engine: Engine, write: Write) -> None:
         self.engine = engine
         self.write = write  # inserts the rows in the session; returns one result per row
-        self.pending: queue.SimpleQueue[tuple[Row, Future[Any]]] = queue.SimpleQueue()
+        self.pending: queue.SimpleQueue[tuple[Values, Future[Any]]] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="group-commit", daemon=True).start()
 
-    def submit(self, row: Row) -> Any:
+    def submit(self, row: Values) -> Any:
+        return self.enqueue(row).result()
+
+    def enqueue(self, row: Values) -> Future[Any]:
+        """The row's future: an event loop awaits it (``asyncio.wrap_future``) and holds no
+        thread while the row waits for its batch."""
         done: Future[Any] = Future()
         self.pending.put((row, done))
-        return done.result()
+        return done
 
     def _run(self) -> None:
         while True:
-            batch = [self.pending.get()]
+            batch: list[tuple[Values, Future[Any]]] = []
             while len(batch) < MAX_BATCH:
                 try:
-                    batch.append(self.pending.get_nowait())
+                    row, done = self.pending.get(block=not batch)
                 except queue.Empty:
                     break
+                # A request cancelled before its batch began (its client went away) is
+                # dropped; once taken, cancel() fails and the caller learns the outcome.
+                if done.set_running_or_notify_cancel():
+                    batch.append((row, done))
             try:
                 with write_session(self.engine) as session:
                     results = self.write(session, [row for row, _ in batch])

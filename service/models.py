@@ -211,26 +211,9 @@ class Progress(SQLModel):
     eta_s: float | None = None
 
 
-# Job columns for the service's own bookkeeping, never shown by the API.
-_INTERNAL = {
-    "reason_code",
-    "reason_message",
-    "lease_token",
-    "lease_expires_at",
-    "runner_pgid",
-    "run_after",
-    "idempotency_key",
-    "event_seq",
-    "status_seq",
-    "progress_seq",
-    "log_count",
-    "log_dropped",
-    "log_marker_seq",
-}
-
-
 class JobRead(JobBase):
-    """A job as the API shows it."""
+    """A job as the API shows it: none of the service's bookkeeping columns (lease, fence,
+    event counters, idempotency key) are fields here."""
 
     id: int
     status: JobStatus
@@ -253,14 +236,14 @@ class JobRead(JobBase):
     finished_at: datetime | None = None
 
     @classmethod
-    def from_row(cls, job: Job, queue_position: int | None = None) -> JobRead:
-        data = job.model_dump(exclude=_INTERNAL)
-        reason = (
-            Reason(code=job.reason_code, message=job.reason_message or "")
-            if job.reason_code
-            else None
-        )
-        return cls(**data, reason=reason, queue_position=queue_position)
+    def from_row(cls, job: Any, queue_position: int | None = None) -> JobRead:
+        """From a ``Job``, or a row of the job table (anything with its columns as
+        attributes); the internal columns are not read."""
+        read = cls.model_validate(job, from_attributes=True)
+        if job.reason_code:
+            read.reason = Reason(code=job.reason_code, message=job.reason_message or "")
+        read.queue_position = queue_position
+        return read
 
 
 class JobList(SQLModel):

@@ -8,20 +8,21 @@ nothing and reports so; nothing is read, decided in Python, then written back.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, bindparam, func, insert, literal_column, or_, select, update
+from sqlalchemy import Engine, Row, bindparam, func, insert, literal_column, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
 from service.db import read_session, statement_connection, write_session
 from service.errors import IdempotencyConflict, InvalidTransition, JobNotFound
-from service.group_commit import committer
+from service.group_commit import Values, committer
 from service.models import (
     Accelerator,
     Job,
@@ -141,19 +142,40 @@ def create_job(
         return _create_job(engine, spec, idempotency_key, reason)
 
 
+async def enqueue_job(
+    engine: Engine, spec: JobCreate, reason: tuple[str, str] = ("queued", "waiting for a worker")
+) -> Row[Any]:
+    """``create_job`` without an idempotency key, awaited on an event loop: the row joins
+    the group committer's next batch, and the request holds no thread while it waits.
+    Returns the row as inserted (its columns as attributes; ``JobRead.from_row`` reads it)."""
+    return await asyncio.wrap_future(committer(engine, _insert_jobs).enqueue(_row(spec, reason)))
+
+
+def _row(spec: JobCreate, reason: tuple[str, str], idempotency_key: str | None = None) -> Values:
+    """The job row to insert for a validated spec: its fields, then ``Job``'s defaults for
+    the rest. A dict, not a ``Job``: building one costs ~0.13 ms of SQLAlchemy's attribute
+    instrumentation, a sixth of a submit's time."""
+    row = spec.model_dump()
+    for name, field in _NEW_JOB_FIELDS.items():
+        row[name] = field.get_default(call_default_factory=True)
+    row.update(idempotency_key=idempotency_key, reason_code=reason[0], reason_message=reason[1])
+    return row
+
+
+# The columns a new job has beyond its spec (the database numbers ``id``).
+_NEW_JOB_FIELDS = {
+    name: field
+    for name, field in Job.model_fields.items()
+    if name != "id" and name not in JobCreate.model_fields
+}
+
+
 def _create_job(
     engine: Engine, spec: JobCreate, idempotency_key: str | None, reason: tuple[str, str]
 ) -> tuple[Job, bool]:
-    row = Job.model_validate(
-        spec.model_dump(),
-        update={
-            "idempotency_key": idempotency_key,
-            "reason_code": reason[0],
-            "reason_message": reason[1],
-        },
-    ).model_dump(exclude={"id"})
+    row = _row(spec, reason, idempotency_key)
     if idempotency_key is None:  # the common case: batched with concurrent submits
-        return committer(engine, _insert_jobs).submit(row), True
+        return Job(**committer(engine, _insert_jobs).submit(row)._mapping), True
     with write_session(engine) as session:
         existing = session.exec(
             select(Job).where(Job.idempotency_key == idempotency_key)
@@ -165,13 +187,14 @@ def _create_job(
                     f"({existing.id})"
                 )
             return existing, False
-        return _insert_jobs(session, [row])[0], True
+        return Job(**_insert_jobs(session, [row])[0]._mapping), True
 
 
-def _insert_jobs(session: Session, rows: list[dict[str, Any]]) -> list[Job]:
+def _insert_jobs(session: Session, rows: list[Values]) -> list[Row[Any]]:
     """INSERT the rows (one transaction, the caller's) and wake idle workers once."""
-    # one multi-row INSERT ... RETURNING, rows back in the order given
-    inserted = [Job(**r._mapping) for r in session.execute(_INSERT_MANY, rows)]
+    # one multi-row INSERT ... RETURNING, rows back in the order given; plain rows, not
+    # Job objects, which cost ~0.14 ms each of this one writer thread's time
+    inserted = list(session.execute(_INSERT_MANY, rows))
     announce_job(session)
     return inserted
 

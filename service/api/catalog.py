@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import FreshCatalogDep, SessionDep
+from service.api.deps import EngineDep, FreshCatalogDep
 from service.catalog import list_workers
+from service.db import read_session
 from service.models import RecipeRead, WorkerRead
 
 router = APIRouter()
@@ -18,6 +19,7 @@ def get_recipes(catalog: FreshCatalogDep) -> list[RecipeRead]:
 
 
 @router.get("/workers", tags=["workers"], summary="List workers, their devices and jobs")
-def get_workers(session: SessionDep) -> list[WorkerRead]:
+def get_workers(engine: EngineDep) -> list[WorkerRead]:
     """Workers with their devices, the jobs holding them, and heartbeat age."""
-    return list_workers(session)
+    with read_session(engine) as session:
+        return list_workers(session)

@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from sqlmodel import col, select
 
 from service import store
-from service.api.deps import CatalogDep, CatalogsDep, EngineDep, SessionDep, SettingsDep
+from service.api.deps import CatalogDep, CatalogsDep, EngineDep, SettingsDep
 from service.artifacts import artifact_path, list_artifacts
 from service.catalog import waiting_reason
 from service.db import read_session
@@ -37,7 +38,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
     summary="Submit a training job",
     responses={409: {"description": "Idempotency-Key reused with another spec"}},
 )
-def submit_job(
+async def submit_job(
     spec: Annotated[JobCreate, Body(openapi_examples={"ddp": {"value": JOB_EXAMPLE}})],
     response: Response,
     engine: EngineDep,
@@ -48,8 +49,15 @@ def submit_job(
     ] = None,
 ) -> JobRead:
     """Validate a job spec against the recipe catalog and enqueue it."""
-    reason = catalogs.check(engine, spec)
-    job, created = store.create_job(engine, spec, idempotency_key=idempotency_key, reason=reason)
+    # On the event loop: a submit holds a thread only where it must query (the cached
+    # catalog expired or would refuse it; a retried Idempotency-Key looks up its job).
+    reason = catalogs.check_cached(spec) or await run_in_threadpool(catalogs.check, engine, spec)
+    if idempotency_key is None:
+        job, created = await store.enqueue_job(engine, spec, reason), True
+    else:
+        job, created = await run_in_threadpool(
+            store.create_job, engine, spec, idempotency_key=idempotency_key, reason=reason
+        )
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -58,23 +66,25 @@ def submit_job(
 
 @router.get("", summary="List jobs, newest first")
 def list_jobs(
-    session: SessionDep,
+    engine: EngineDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JobList:
     """Jobs, optionally of one status, newest first."""
-    rows, total = store.list_jobs(session, status=status_, limit=limit, offset=offset)
+    with read_session(engine) as session:
+        rows, total = store.list_jobs(session, status=status_, limit=limit, offset=offset)
     return JobList(
         items=[JobRead.from_row(j) for j in rows], total=total, limit=limit, offset=offset
     )
 
 
 @router.get("/{job_id}", summary="Get a job's status, reason and progress")
-def get_job(job_id: int, session: SessionDep, catalog: CatalogDep) -> JobRead:
+def get_job(job_id: int, engine: EngineDep, catalog: CatalogDep) -> JobRead:
     """One job, with its live progress and, while queued, its place in the queue."""
-    job = store.get_job(session, job_id)
-    read = JobRead.from_row(job, store.queue_position(session, job))
+    with read_session(engine) as session:
+        job = store.get_job(session, job_id)
+        read = JobRead.from_row(job, store.queue_position(session, job))
     if read.queue_position is not None:
         read.reason = waiting_reason(catalog, job, read.queue_position)
     return read
@@ -83,12 +93,10 @@ def get_job(job_id: int, session: SessionDep, catalog: CatalogDep) -> JobRead:
 @router.post(
     "/{job_id}/rerun", status_code=status.HTTP_201_CREATED, summary="Submit an identical job"
 )
-def rerun_job(
-    job_id: int, response: Response, engine: EngineDep, session: SessionDep, catalogs: CatalogsDep
-) -> JobRead:
+def rerun_job(job_id: int, response: Response, engine: EngineDep, catalogs: CatalogsDep) -> JobRead:
     """A new job with this one's spec: recipe, params, seed and every other field."""
-    spec = store.spec_of(store.get_job(session, job_id))
-    session.close()  # hold no connection while waiting for the write lock
+    with read_session(engine) as session:  # closed before waiting for the write lock
+        spec = store.spec_of(store.get_job(session, job_id))
     job, _ = store.create_job(engine, spec, reason=catalogs.check(engine, spec))
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return JobRead.from_row(job)
@@ -108,41 +116,45 @@ def cancel_job(job_id: int, engine: EngineDep) -> JobRead:
 @router.get("/{job_id}/metrics", summary="A job's metric time series")
 def get_metrics(
     job_id: int,
-    session: SessionDep,
+    engine: EngineDep,
     name: Annotated[str | None, Query(max_length=100)] = None,
     after_step: Annotated[int, Query(ge=-1)] = -1,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list[MetricRead]:
     """Points ordered by step, optionally of one metric and after a step."""
-    store.get_job(session, job_id)
     query = select(Metric).where(Metric.job_id == job_id, col(Metric.step) > after_step)
     if name is not None:
         query = query.where(Metric.name == name)
-    rows = session.exec(query.order_by(col(Metric.step), col(Metric.name)).limit(limit))
-    return [MetricRead.model_validate(m, from_attributes=True) for m in rows]
+    with read_session(engine) as session:
+        store.get_job(session, job_id)
+        rows = session.exec(query.order_by(col(Metric.step), col(Metric.name)).limit(limit))
+        return [MetricRead.model_validate(m, from_attributes=True) for m in rows]
 
 
 @router.get("/{job_id}/logs", summary="A job's log lines")
 def get_logs(
     job_id: int,
-    session: SessionDep,
+    engine: EngineDep,
     after_seq: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[LogLineRead]:
     """stdout/stderr lines of every process of the job, after a sequence number."""
-    store.get_job(session, job_id)
-    rows = session.exec(
+    query = (
         select(LogLine)
         .where(LogLine.job_id == job_id, col(LogLine.seq) > after_seq)
         .order_by(col(LogLine.seq))
         .limit(limit)
     )
-    return [LogLineRead.model_validate(line, from_attributes=True) for line in rows]
+    with read_session(engine) as session:
+        store.get_job(session, job_id)
+        return [
+            LogLineRead.model_validate(line, from_attributes=True) for line in session.exec(query)
+        ]
 
 
 def _job_exists(job_id: int, engine: EngineDep) -> None:
-    # 404 before the stream starts, not inside it. A session of its own, closed at once:
-    # a request-scoped one would hold a connection (and a snapshot) for the whole stream.
+    """404 unless the job exists. For the event stream, a dependency: 404 before the stream
+    starts, not inside it, from a session closed at once (not one held for the stream)."""
     with read_session(engine) as session:
         store.get_job(session, job_id)
 
@@ -183,11 +195,9 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @router.get("/{job_id}/artifacts", summary="List a job's artifacts")
-def get_artifacts(
-    job_id: int, session: SessionDep, settings: SettingsDep
-) -> list[dict[str, object]]:
+def get_artifacts(job_id: int, engine: EngineDep, settings: SettingsDep) -> list[dict[str, object]]:
     """Final model (model.safetensors), resolved spec (spec.json) and checkpoints."""
-    store.get_job(session, job_id)
+    _job_exists(job_id, engine)
     return list_artifacts(settings.data_dir, job_id)
 
 
@@ -197,9 +207,9 @@ def get_artifacts(
     response_class=FileResponse,
 )
 def download_artifact(
-    job_id: int, name: str, session: SessionDep, settings: SettingsDep
+    job_id: int, name: str, engine: EngineDep, settings: SettingsDep
 ) -> FileResponse:
     """The artifact's bytes."""
-    store.get_job(session, job_id)
+    _job_exists(job_id, engine)
     path = artifact_path(settings.data_dir, job_id, name)
     return FileResponse(path, filename=path.name)
