@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from fastapi import FastAPI
@@ -63,6 +64,20 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     mount_dashboard(app)
 
+    return app
+
+
+def serving_app(settings: Settings | None = None) -> FastAPI:
+    """The app of a server process (``trainyard serve``), its start-up heap frozen.
+
+    ``gc.freeze`` moves every object alive now (the few hundred thousand that importing
+    FastAPI, pydantic and SQLAlchemy leaves) out of the cyclic collector's sight. Without
+    it each full collection walks them all and stalls every request in flight: at 16
+    clients a submit's p99 was ~64 ms with them, ~24 ms frozen (``benchmarks.api``).
+    """
+    app = create_app(settings)
+    gc.collect()  # nothing already garbage gets frozen
+    gc.freeze()
     return app
 
 

@@ -48,13 +48,13 @@ def serve() -> None:
     """Serve the API (TRAINYARD_HOST, TRAINYARD_PORT)."""
     import uvicorn
 
-    from service.app import create_app
+    from service.app import serving_app
     from service.settings import Settings
 
     settings = Settings()
     settings.require_safe_bind()
     if settings.api_workers == 1:
-        app = create_app(settings)
+        app = serving_app(settings)
         uvicorn.run(
             app,
             host=settings.host,
@@ -65,7 +65,7 @@ def serve() -> None:
         return
     # Several processes: each builds its app from the same environment.
     uvicorn.run(
-        "service.app:create_app",
+        "service.app:serving_app",
         factory=True,
         workers=settings.api_workers,
         host=settings.host,

@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
-from service.db import read_session, statement_connection, write_session
+from service.db import is_sqlite, read_session, statement_connection, write_session
 from service.errors import IdempotencyConflict, InvalidTransition, JobNotFound
 from service.group_commit import Values, committer
 from service.models import (
@@ -231,7 +231,13 @@ def queue_position(session: Session, job: Job) -> int | None:
     if job.status != S.queued:
         return None
     # Two index range counts (ix_job_claim): one OR-ed condition would scan the queue.
-    higher = select(func.count()).where(_queued(_job), _job.c.priority > job.priority)
+    queued = _queued(_job)
+    if is_sqlite(session.get_bind()):
+        # Without statistics SQLite would count "priority > p" through the status index
+        # (every queued job, a table row each: ~5 ms at 30,000 queued) rather than the
+        # claim index's range; likely() tells it the status term does not narrow.
+        queued = func.likely(queued)
+    higher = select(func.count()).where(queued, _job.c.priority > job.priority)
     older = select(func.count()).where(
         _queued(_job), _job.c.priority == job.priority, _job.c.id < job.id
     )
