@@ -16,6 +16,7 @@ from service.errors import SpecInvalid
 from service.models import (
     Job,
     JobCreate,
+    JobLike,
     JobStatus,
     Reason,
     RecipeRead,
@@ -210,7 +211,7 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[str, str]:
     return ("queued", f"waiting for a worker with {spec.devices} free device(s)")
 
 
-def waiting_reason(catalog: Catalog, job: Job, position: int) -> Reason:
+def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
     """Why a queued job is still waiting, from the state of the workers and the queue."""
     now = utcnow()
     alive = catalog.alive()

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import ConfigDict
-from sqlalchemy import JSON, DateTime, Index, String, TypeDecorator, column, desc, text
+from sqlalchemy import JSON, DateTime, Index, Row, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
 
 
@@ -196,6 +196,11 @@ class Job(JobBase, table=True):
     finished_at: datetime | None = Field(None, sa_type=UTCDateTime)
 
 
+# A job as read: the ORM object, or a row of the job table (its columns as attributes).
+# The API reads rows: building a Job costs more than the query that fetched it.
+JobLike = Job | Row[Any]
+
+
 class Reason(SQLModel):
     code: str = Field(description="Machine-readable, e.g. no_worker, worker_lost, error.")
     message: str = Field(description="A sentence for people.")
@@ -236,9 +241,7 @@ class JobRead(JobBase):
     finished_at: datetime | None = None
 
     @classmethod
-    def from_row(cls, job: Any, queue_position: int | None = None) -> JobRead:
-        """From a ``Job``, or a row of the job table (anything with its columns as
-        attributes); the internal columns are not read."""
+    def from_row(cls, job: JobLike, queue_position: int | None = None) -> JobRead:
         read = cls.model_validate(job, from_attributes=True)
         if job.reason_code:
             read.reason = Reason(code=job.reason_code, message=job.reason_message or "")

@@ -27,6 +27,7 @@ from service.models import (
     Accelerator,
     Job,
     JobCreate,
+    JobLike,
     JobStatus,
     LogLine,
     Metric,
@@ -199,14 +200,17 @@ def _insert_jobs(session: Session, rows: list[Values]) -> list[Row[Any]]:
     return inserted
 
 
-def spec_of(job: Job) -> JobCreate:
+def spec_of(job: JobLike) -> JobCreate:
     """The spec a job was submitted with."""
-    return JobCreate.model_validate(job.model_dump(include=set(JobCreate.model_fields)))
+    return JobCreate.model_validate(job, from_attributes=True)
 
 
-def get_job(session: Session, job_id: int) -> Job:
-    """One job, or JobNotFound."""
-    job = session.get(Job, job_id)
+def get_job(session: Session, job_id: int) -> Row[Any]:
+    """One job as a row of the job table (its columns as attributes), or JobNotFound.
+
+    A row, not a ``Job``: the API reads jobs on every request, and building the ORM
+    object (its attribute instrumentation) costs more than the query."""
+    job = session.execute(select(_job).where(_job.c.id == job_id)).one_or_none()
     if job is None:
         raise JobNotFound(job_id)
     return job
@@ -214,23 +218,24 @@ def get_job(session: Session, job_id: int) -> Job:
 
 def list_jobs(
     session: Session, *, status: JobStatus | None, limit: int, offset: int
-) -> tuple[list[Job], int]:
-    """Newest first, with the total matching count."""
-    query = select(Job)
-    count = select(func.count()).select_from(Job)
+) -> tuple[list[Row[Any]], int]:
+    """Newest first (rows, as ``get_job``), with the total matching count."""
+    query = select(_job)
+    count = select(func.count()).select_from(_job)
     if status is not None:
-        query = query.where(Job.status == status)
-        count = count.where(Job.status == status)
-    rows = session.exec(query.order_by(col(Job.id).desc()).limit(limit).offset(offset))
-    total = session.exec(count).scalar_one()
-    return list(rows.scalars()), int(total)
+        query = query.where(_job.c.status == status)
+        count = count.where(_job.c.status == status)
+    rows = session.execute(query.order_by(_job.c.id.desc()).limit(limit).offset(offset))
+    total = session.execute(count).scalar_one()
+    return list(rows), int(total)
 
 
-def queue_position(session: Session, job: Job) -> int | None:
+def queue_position(session: Session, job: JobLike) -> int | None:
     """1-based place in the claim order of a queued job; None for any other status."""
     if job.status != S.queued:
         return None
-    # Two index range counts (ix_job_claim): one OR-ed condition would scan the queue.
+    # Two index range counts (ix_job_claim), in one statement: one OR-ed condition would
+    # scan the queue.
     queued = _queued(_job)
     if is_sqlite(session.get_bind()):
         # Without statistics SQLite would count "priority > p" through the status index
@@ -241,7 +246,8 @@ def queue_position(session: Session, job: Job) -> int | None:
     older = select(func.count()).where(
         _queued(_job), _job.c.priority == job.priority, _job.c.id < job.id
     )
-    return int(session.execute(higher).scalar_one() + session.execute(older).scalar_one()) + 1
+    ahead = session.execute(select(higher.scalar_subquery() + older.scalar_subquery()))
+    return int(ahead.scalar_one()) + 1
 
 
 def cancel_job(engine: Engine, job_id: int) -> Job:
@@ -741,4 +747,7 @@ _INSERT_METRIC = {
 def load_job(engine: Engine, job_id: int) -> Job:
     """Load a job outside any request (worker and runner side)."""
     with read_session(engine) as session:
-        return get_job(session, job_id)
+        job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
