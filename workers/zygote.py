@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib
 import json
 import logging
@@ -158,11 +157,6 @@ def serve(sock: socket.socket) -> None:
     torch = sys.modules["torch"]
     if torch.cuda.is_initialized():  # pragma: no cover - would make every fork unusable
         raise RuntimeError("CUDA was initialised while preloading; refusing to fork runners")
-    # What the children inherit stays out of their cyclic collector's sight: their
-    # collections neither walk torch's few hundred thousand objects (time taken from
-    # training) nor write to them (which copies the pages fork shared).
-    gc.collect()
-    gc.freeze()
     sys.stdout.flush()
     sys.stderr.flush()
     while True:
