@@ -217,8 +217,10 @@ class Progress(SQLModel):
 
 
 class JobRead(JobBase):
-    """A job as the API shows it: none of the service's bookkeeping columns (lease, fence,
-    event counters, idempotency key) are fields here."""
+    """A job as the API shows it."""
+
+    # None of the job table's bookkeeping columns (lease, fence, event counters,
+    # idempotency key) is a field here: from_row leaves them out.
 
     id: int
     status: JobStatus

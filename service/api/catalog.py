@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import EngineDep, FreshCatalogDep
+from service.api.deps import EngineDep, FreshCatalogDep, pooled
 from service.catalog import list_workers
 from service.db import read_session
 from service.models import RecipeRead, WorkerRead
@@ -19,6 +19,7 @@ def get_recipes(catalog: FreshCatalogDep) -> list[RecipeRead]:
 
 
 @router.get("/workers", tags=["workers"], summary="List workers, their devices and jobs")
+@pooled
 def get_workers(engine: EngineDep) -> list[WorkerRead]:
     """Workers with their devices, the jobs holding them, and heartbeat age."""
     with read_session(engine) as session:

@@ -13,7 +13,7 @@ from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from sqlmodel import col, select
 
 from service import store
-from service.api.deps import CatalogDep, CatalogsDep, EngineDep, SettingsDep
+from service.api.deps import CatalogDep, CatalogsDep, EngineDep, SettingsDep, pooled
 from service.artifacts import artifact_path, list_artifacts
 from service.catalog import waiting_reason
 from service.db import read_session
@@ -65,6 +65,7 @@ async def submit_job(
 
 
 @router.get("", summary="List jobs, newest first")
+@pooled
 def list_jobs(
     engine: EngineDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
@@ -80,6 +81,7 @@ def list_jobs(
 
 
 @router.get("/{job_id}", summary="Get a job's status, reason and progress")
+@pooled
 def get_job(job_id: int, engine: EngineDep, catalog: CatalogDep) -> JobRead:
     """One job, with its live progress and, while queued, its place in the queue."""
     with read_session(engine) as session:
@@ -93,6 +95,7 @@ def get_job(job_id: int, engine: EngineDep, catalog: CatalogDep) -> JobRead:
 @router.post(
     "/{job_id}/rerun", status_code=status.HTTP_201_CREATED, summary="Submit an identical job"
 )
+@pooled
 def rerun_job(job_id: int, response: Response, engine: EngineDep, catalogs: CatalogsDep) -> JobRead:
     """A new job with this one's spec: recipe, params, seed and every other field."""
     with read_session(engine) as session:  # closed before waiting for the write lock
@@ -108,12 +111,14 @@ def rerun_job(job_id: int, response: Response, engine: EngineDep, catalogs: Cata
     summary="Cancel a job",
     responses={409: {"description": "The job already finished"}},
 )
+@pooled
 def cancel_job(job_id: int, engine: EngineDep) -> JobRead:
     """Cancel a queued job now, or ask the worker to stop a running one. Idempotent."""
     return JobRead.from_row(store.cancel_job(engine, job_id))
 
 
 @router.get("/{job_id}/metrics", summary="A job's metric time series")
+@pooled
 def get_metrics(
     job_id: int,
     engine: EngineDep,
@@ -132,6 +137,7 @@ def get_metrics(
 
 
 @router.get("/{job_id}/logs", summary="A job's log lines")
+@pooled
 def get_logs(
     job_id: int,
     engine: EngineDep,
@@ -195,6 +201,7 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @router.get("/{job_id}/artifacts", summary="List a job's artifacts")
+@pooled
 def get_artifacts(job_id: int, engine: EngineDep, settings: SettingsDep) -> list[dict[str, object]]:
     """Final model (model.safetensors), resolved spec (spec.json) and checkpoints."""
     _job_exists(job_id, engine)
