@@ -36,8 +36,7 @@ async def get_catalogs(request: Request) -> CatalogCache:
 
 
 async def get_catalog(request: Request) -> Catalog:
-    # Queries (in the pool) only when the cache has expired. Holds no connection past this
-    # call: a submit then holds none while it waits for the write lock.
+    # Queries (in the pool) only when the cache has expired; holds no connection past it.
     cache: CatalogCache = request.app.state.catalog
     catalog = cache.cached()
     if catalog is None:

@@ -50,7 +50,8 @@ async def submit_job(
 ) -> JobRead:
     """Validate a job spec against the recipe catalog and enqueue it."""
     # On the event loop: a submit holds a thread only where it must query (the cached
-    # catalog expired or would refuse it; a retried Idempotency-Key looks up its job).
+    # catalog expired, would refuse the spec or knows no worker; an Idempotency-Key is
+    # looked up first).
     reason = catalogs.check_cached(spec) or await run_in_threadpool(catalogs.check, engine, spec)
     if idempotency_key is None:
         job, created = await store.enqueue_job(engine, spec, reason), True

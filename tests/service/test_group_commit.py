@@ -31,7 +31,7 @@ def test_concurrent_submits_each_get_their_own_job(engine: Engine) -> None:
     assert all(stored[job.id] == i for i, job in results)  # the row behind each answer
 
 
-def test_an_event_loop_awaits_its_submit_without_a_thread(engine: Engine) -> None:
+def test_submits_awaited_on_an_event_loop_each_get_their_row(engine: Engine) -> None:
     async def submit_many() -> list[object]:
         specs = [JobCreate(recipe="r", seed=i) for i in range(50)]
         return await asyncio.gather(*(store.enqueue_job(engine, spec) for spec in specs))
@@ -48,18 +48,27 @@ def test_a_submit_cancelled_before_its_batch_is_never_written(engine: Engine) ->
     carries on with the next."""
     writer = committer(engine, store._insert_jobs)
     row = store._row(JobCreate(recipe="r"), ("queued", "waiting"))
+    submits = []
     with write_session(engine) as session:  # the write lock, so the writer's batch waits
         if engine.dialect.name == "postgresql":
             session.execute(text("LOCK TABLE job IN EXCLUSIVE MODE"))
-        first = writer.enqueue({**row, "seed": 1})
+        first = writer.enqueue({**row, "seed": 0})
         deadline = time.monotonic() + 10
         while not first.running() and time.monotonic() < deadline:
             time.sleep(0.005)
         assert first.running()  # taken into a batch: it can no longer be cancelled
         assert not first.cancel()
-        second = writer.enqueue({**row, "seed": 2})
-        assert second.cancel()  # still queued: the client went away
-    third = writer.enqueue({**row, "seed": 3})
-    assert (first.result(timeout=10).seed, third.result(timeout=10).seed) == (1, 3)
-    with read_session(engine) as session:
-        assert sorted(session.execute(select(Job.seed)).scalars()) == [1, 3]
+        submits.append(first)
+        while True:  # once the writer waits for the lock, what comes next stays queued
+            queued = writer.enqueue({**row, "seed": len(submits)})
+            submits.append(queued)
+            if queued.cancel():  # still queued: its client went away
+                break
+            assert len(submits) < 100
+    last = writer.enqueue({**row, "seed": len(submits)})
+    submits.append(last)
+    assert last.result(timeout=10).seed == len(submits) - 1  # the writer carried on
+    assert [f.cancelled() for f in submits].count(True) == 1
+    written = [f.result(timeout=10).seed for f in submits if not f.cancelled()]
+    with read_session(engine) as session:  # every other row, and not the cancelled one
+        assert sorted(session.execute(select(Job.seed)).scalars()) == sorted(written)
