@@ -28,15 +28,15 @@ class Attempt:
     """A runner started in a new session, so its pgid names every process of the attempt."""
 
     def __init__(
-        self, job: Claim, devices: list[int], proc: Process, stdout: IO[bytes], stderr: IO[bytes]
+        self, claim: Claim, devices: list[int], proc: Process, stdout: IO[bytes], stderr: IO[bytes]
     ) -> None:
-        self.fence = job.fence
-        self.job_id = job.fence.job_id
+        self.fence = claim.fence
+        self.job_id = claim.fence.job_id
         self.devices = devices
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the runner leads its own group
         self.started = time.monotonic()
-        self.timeout_s = job.timeout_s
+        self.timeout_s = claim.timeout_s
         self.stop_reason: str | None = None  # cancel|timeout|stalled|shutdown|lease_lost
         self.ended_noted = False  # the "attempt ended" log line was written
         self.kill_at: float | None = None
@@ -59,7 +59,7 @@ class Attempt:
     @classmethod
     def start(
         cls,
-        job: Claim,
+        claim: Claim,
         devices: list[int],
         *,
         accelerator: str,
@@ -69,9 +69,9 @@ class Attempt:
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
         args = [
-            "--job-id", str(job.fence.job_id),
-            "--attempt", str(job.fence.attempt),
-            "--lease-token", job.fence.lease_token,
+            "--job-id", str(claim.fence.job_id),
+            "--attempt", str(claim.fence.attempt),
+            "--lease-token", claim.fence.lease_token,
             "--accelerator", accelerator,
             "--threads", str(threads),
         ]  # fmt: skip
@@ -91,7 +91,7 @@ class Attempt:
                 start_new_session=True,  # the runner leads its own process group
             )
             assert popen.stdout is not None and popen.stderr is not None
-            return cls(job, devices, popen, popen.stdout, popen.stderr)
+            return cls(claim, devices, popen, popen.stdout, popen.stderr)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -99,7 +99,7 @@ class Attempt:
         finally:
             os.close(out_w)
             os.close(err_w)
-        return cls(job, devices, ZygoteProcess(zygote, pid), open(out_r, "rb"), open(err_r, "rb"))  # noqa: SIM115
+        return cls(claim, devices, ZygoteProcess(zygote, pid), open(out_r, "rb"), open(err_r, "rb"))  # noqa: SIM115
 
     def note(self, text: str) -> None:
         """Add a line of the supervisor's own to the job's log."""
