@@ -3,7 +3,11 @@
 Same model, data, batch and epochs as the Trainyard job it is compared with; hand-written
 loop, no reporting, validation on rank 0 each epoch. Prints one JSON line: epoch times.
 
-    python -m benchmarks.bare_ddp --world 2 --epochs 4 ...
+    python -m benchmarks.bare_ddp --world 2 --epochs 4 [--fetch batched] ...
+
+``--fetch per-sample`` (the default) is the DataLoader as people use it: a ``dataset[i]``
+per sample, stacked. ``--fetch batched`` indexes the TensorDataset a batch at a time, as
+Trainyard's loop does, to compare like with like.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from workers.recipes.builtin import RegressionParams, _regression_data, _regression_model
 
@@ -49,7 +53,12 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: mp.SimpleQueue) 
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sampler = DistributedSampler(train, num_replicas=args.world, rank=rank, seed=args.seed)
-    loader = DataLoader(train, batch_size=args.batch // args.world, sampler=sampler)
+    local_batch = args.batch // args.world
+    if args.fetch == "batched":
+        order = BatchSampler(sampler, local_batch, drop_last=False)
+        loader = DataLoader(train, batch_size=None, sampler=order)
+    else:
+        loader = DataLoader(train, batch_size=local_batch, sampler=sampler)
     epoch_times = []
     for epoch in range(args.epochs):
         start = time.perf_counter()
@@ -80,6 +89,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--samples", type=int, default=65536)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fetch", choices=["per-sample", "batched"], default="per-sample")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()

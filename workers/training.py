@@ -24,7 +24,14 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    Sampler,
+    TensorDataset,
+)
 
 from workers.recipes import Recipe
 
@@ -127,7 +134,7 @@ def train(
     sampler = _ResumableSampler(
         DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=spec.seed)
     )
-    loader = DataLoader(train_set, batch_size=local_batch, sampler=sampler)
+    loader = batches(train_set, local_batch, sampler)
     steps_per_epoch = math.ceil(len(sampler.inner) / local_batch)
     total_steps = steps_per_epoch * spec.epochs
     bf16 = spec.precision == "bf16"
@@ -220,6 +227,23 @@ class _ResumableSampler(Sampler[int]):
         return max(len(self.inner) - self.skip, 0)
 
 
+def batches(
+    dataset: Dataset[Any], batch_size: int, sampler: Sampler[int] | None = None
+) -> DataLoader[Any]:
+    """The dataset's batches, in the sampler's order (default: in order).
+
+    A ``TensorDataset`` is indexed a whole batch at a time, one gather per tensor. The
+    DataLoader's usual way, a ``dataset[i]`` per sample and a ``torch.stack`` per batch,
+    took a third of an MLP's CPU epoch in Python (0.26 of 0.83 s, 256-sample batches).
+    The batches are the same, bit for bit. Other datasets are fetched the usual way, or
+    through their own ``__getitems__`` where they define one.
+    """
+    if type(dataset) is TensorDataset:  # a subclass may index differently
+        order = BatchSampler(sampler or range(len(dataset)), batch_size, drop_last=False)
+        return DataLoader(dataset, batch_size=None, sampler=order)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+
+
 def evaluate(
     recipe: Recipe, model: nn.Module, val_set: Any, device: torch.device
 ) -> dict[str, float]:
@@ -228,7 +252,7 @@ def evaluate(
     totals: dict[str, float] = {}
     n = 0
     with torch.no_grad():
-        for x, y in DataLoader(val_set, batch_size=VAL_BATCH_SIZE):
+        for x, y in batches(val_set, VAL_BATCH_SIZE):
             x, y = x.to(device), y.to(device)
             out = model(x)
             values = {"loss": recipe.loss(out, y).item()}
