@@ -1,7 +1,8 @@
 """The script people write instead of using Trainyard: mp.spawn + DistributedSampler + DDP.
 
 Same model, data, batch and epochs as the Trainyard job it is compared with; hand-written
-loop, no reporting, validation on rank 0 each epoch. Prints one JSON line: epoch times.
+loop, no reporting, validation on rank 0 each epoch. Prints one JSON line: epoch times,
+and (step, time) every 10 steps, the points Trainyard records its train/loss at.
 
     python -m benchmarks.bare_ddp --world 2 --epochs 4 [--fetch batched] ...
 
@@ -59,7 +60,9 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: mp.SimpleQueue) 
         loader = DataLoader(train, batch_size=None, sampler=order)
     else:
         loader = DataLoader(train, batch_size=local_batch, sampler=sampler)
-    epoch_times = []
+    epoch_times: list[float] = []
+    step_times: list[tuple[int, float]] = []
+    step = 0
     for epoch in range(args.epochs):
         start = time.perf_counter()
         sampler.set_epoch(epoch)
@@ -68,13 +71,16 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: mp.SimpleQueue) 
             opt.zero_grad()
             loss.backward()
             opt.step()
+            step += 1
+            if rank == 0 and step % 10 == 0:
+                step_times.append((step, time.time()))
         if rank == 0:
             with torch.no_grad():
                 m = model.module if args.world > 1 else model
                 nn.functional.mse_loss(m(val.tensors[0]), val.tensors[1]).item()
         epoch_times.append(time.perf_counter() - start)
     if rank == 0:
-        out.put(epoch_times)
+        out.put({"epoch_times": epoch_times, "step_times": step_times})
     if args.world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -97,7 +103,7 @@ def main() -> None:
         worker(0, args, 0, out)
     else:
         mp.spawn(worker, args=(args, free_port(), out), nprocs=args.world)
-    json.dump({"epoch_times": out.get()}, sys.stdout)
+    json.dump(out.get(), sys.stdout)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,30 @@
-"""Trainyard against the bare script, side by side: steady-state samples/s and wall time.
+"""Trainyard against the bare script: steady-state samples/s, side by side, and wall time.
 
-    python -m benchmarks.overhead [--repeats 3]
+    python -m benchmarks.overhead [--repeats 2] [--turn 1.0]
 
 Two bare scripts: the usual one (the DataLoader fetching sample by sample, as people write
-it) and the same script fetching whole batches as Trainyard's loop does. The first ratio
-is what a user gains or loses by submitting to Trainyard; the second, like for like, is
-what the service itself costs.
+it) and the same script fetching whole batches as Trainyard's loop does. Against the first,
+the ratio is what a user gains or loses by submitting to Trainyard; against the second,
+like for like, it is what the service itself costs.
 
-Steady state: samples per epoch over the median epoch time, first epoch left out (warm-up).
-For Trainyard, epoch ends are the val/loss metric times. Whole run: bare = the script's
-process from start to exit; Trainyard = submit to succeeded (the job's own timestamps),
-the job followed on its event stream meanwhile. The three runs alternate, so drift in
-the machine's load hits each alike; each repeat's ratios are kept, not only the medians.
+Steady state: the three run at once, taking turns at the machine (``benchmarks.turns``):
+each alone for ``--turn`` seconds while the other two are stopped, Trainyard with every
+process of it (API, worker, zygote, runner, ranks). Speed is measured from (step, time)
+points every 10 steps (Trainyard's train/loss points, the bare script's own), within each
+turn, first epoch left out, over the rounds of turns in which both sides made progress:
+total steps over total time, and a 95% bootstrap interval of the ratio over those rounds
+(the machine's own noise: one turn to the next, the same code varies by ±15%).
+
+Whole run: one after the other, alternating, ``--repeats`` times: the bare script's
+process from start to exit; Trainyard from submit to succeeded (the job's own timestamps),
+followed on its event stream meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -29,87 +35,168 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_table, save
-from tests.stack import REPO, running_stack
+from benchmarks.turns import Group, progress_in_windows, take_turns
+from tests.stack import REPO, Stack, running_stack
 
 EPOCHS, BATCH, HIDDEN, LAYERS, SAMPLES = 5, 256, 256, 3, 65536
+# Epochs for the steady state: ~40 s of Trainyard's turns past the first epoch, ~40 rounds.
+STEADY_EPOCHS = {1: 50, 2: 20}
+STEPS_PER_EPOCH = SAMPLES // BATCH
+FETCHES = ("per-sample", "batched")
 
 
-def bare(world: int, fetch: str) -> tuple[float, float]:
-    """(steady samples/s, wall s) of the hand-written script."""
-    start = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bare_ddp", "--world", str(world),
-         "--epochs", str(EPOCHS), "--batch", str(BATCH), "--hidden", str(HIDDEN),
-         "--layers", str(LAYERS), "--samples", str(SAMPLES), "--fetch", fetch],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    wall = time.perf_counter() - start
-    times = json.loads(out.stdout.strip().splitlines()[-1])["epoch_times"]
-    return SAMPLES / statistics.median(times[1:]), wall
+def _bare_command(world: int, fetch: str, epochs: int) -> list[str]:
+    return [
+        sys.executable, "-m", "benchmarks.bare_ddp", "--world", str(world),
+        "--epochs", str(epochs), "--batch", str(BATCH), "--hidden", str(HIDDEN),
+        "--layers", str(LAYERS), "--samples", str(SAMPLES), "--fetch", fetch,
+    ]  # fmt: skip
 
 
-def trainyard(world: int, tmp: Path) -> tuple[float, float]:
-    """(steady samples/s, submit-to-succeeded s) of the same training as a Trainyard job."""
+def _submit(stack: Stack, world: int, epochs: int) -> int:
+    """The bare script's training as a Trainyard job."""
+    job = stack.submit(
+        recipe="mlp-regression",
+        strategy="ddp" if world > 1 else "single",
+        devices=world,
+        accelerator="cpu",
+        epochs=epochs,
+        batch_size=BATCH,
+        checkpoint_every=epochs,  # the bare script does not checkpoint either
+        params={"hidden": HIDDEN, "layers": LAYERS, "train_samples": SAMPLES},
+    )
+    return int(job["id"])
+
+
+def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
+    """Steady-state samples/s of Trainyard and both bare scripts, taking turns."""
     # A worker with one slot per job process, so each process gets the cores the bare
     # script's processes get.
     with running_stack(tmp, cpu_slots=world) as stack:
         stack.start_worker()
-        spec = {
-            "recipe": "mlp-regression", "strategy": "ddp" if world > 1 else "single",
-            "devices": world, "accelerator": "cpu", "epochs": EPOCHS, "batch_size": BATCH,
-            "checkpoint_every": EPOCHS,  # the bare script does not checkpoint either
-            "params": {"hidden": HIDDEN, "layers": LAYERS, "train_samples": SAMPLES},
-        }  # fmt: skip
-        job = stack.submit(**spec)
+        scripts = {
+            fetch: subprocess.Popen(
+                _bare_command(world, fetch, STEADY_EPOCHS[world]),
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for fetch in FETCHES
+        }
+        job_id = _submit(stack, world, STEADY_EPOCHS[world])
+        trainyard = Group(
+            "trainyard",
+            roots=lambda: [p.pid for p in stack.procs],
+            done=lambda: stack.job(job_id)["status"] in ("succeeded", "failed", "cancelled"),
+        )
+        bare = [
+            Group(fetch, roots=lambda p=p: [p.pid], done=lambda p=p: p.poll() is not None)  # type: ignore[misc]
+            for fetch, p in scripts.items()
+        ]
+        take_turns([trainyard, *bare], turn_s)
+        job = stack.job(job_id)
+        assert job["status"] == "succeeded", job
+        metrics = stack.http.get(f"/jobs/{job_id}/metrics", params={"name": "train/loss"})
+        points = {"trainyard": [(m["step"], m["time"]) for m in metrics.json()]}
+        for fetch, proc in scripts.items():
+            out, _ = proc.communicate()
+            assert proc.returncode == 0, f"bare script ({fetch}) exited with {proc.returncode}"
+            points[fetch] = [
+                tuple(p) for p in json.loads(out.strip().splitlines()[-1])["step_times"]
+            ]
+
+    spans = {
+        g.name: progress_in_windows(points[g.name], g.windows, after_step=STEPS_PER_EPOCH)
+        for g in (trainyard, *bare)
+    }
+    like = paired_rounds(spans["trainyard"], spans["batched"])
+    usual = paired_rounds(spans["trainyard"], spans["per-sample"])
+    low, high = bootstrap_interval(like)
+    return {
+        "bare_samples_per_s": _rate(usual, 1),
+        "bare_batched_samples_per_s": _rate(like, 1),
+        "trainyard_samples_per_s": _rate(like, 0),
+        "ratio_vs_usual": _rate(usual, 0) / _rate(usual, 1),
+        "ratio_like_for_like": _rate(like, 0) / _rate(like, 1),
+        "like_for_like_95pct": [round(low, 3), round(high, 3)],
+        "rounds": len(like),
+    }
+
+
+Span = tuple[int, float]  # (steps, seconds) of progress in one turn
+
+
+def paired_rounds(a: list[Span | None], b: list[Span | None]) -> list[tuple[Span, Span]]:
+    """The rounds in which both made measurable progress (the same stretch of time)."""
+    return [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
+
+
+def _rate(rounds: list[tuple[Span, Span]], which: int) -> float:
+    """Samples/s of one side (0 or 1) over the rounds: total steps over total seconds."""
+    steps = sum(r[which][0] for r in rounds)
+    return steps * BATCH / sum(r[which][1] for r in rounds)
+
+
+def bootstrap_interval(rounds: list[tuple[Span, Span]], draws: int = 2000) -> tuple[float, float]:
+    """95% interval of the ratio of rates, the rounds resampled with replacement."""
+    rng = random.Random(0)
+    ratios = sorted(
+        _rate(sample, 0) / _rate(sample, 1)
+        for sample in ([rng.choice(rounds) for _ in rounds] for _ in range(draws))
+    )
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
+def bare_wall(world: int, fetch: str) -> float:
+    """Seconds of the hand-written script, process start to exit."""
+    start = time.perf_counter()
+    subprocess.run(_bare_command(world, fetch, EPOCHS), cwd=REPO, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def trainyard_wall(world: int, tmp: Path) -> float:
+    """Seconds of the same training as a Trainyard job, submit to succeeded."""
+    with running_stack(tmp, cpu_slots=world) as stack:
+        stack.start_worker()
+        job_id = _submit(stack, world, EPOCHS)
         # Follow the job's event stream until it ends, as `trainyard submit --follow` does:
         # polling the API every 50 ms took CPU from the very training being measured.
-        stack.events(job["id"])
-        done = stack.job(job["id"])
+        stack.events(job_id)
+        done = stack.job(job_id)
         assert done["status"] == "succeeded", done
         stamps = [datetime.fromisoformat(done[k]) for k in ("created_at", "finished_at")]
-        wall = (stamps[1] - stamps[0]).total_seconds()  # submit to succeeded, server clock
-        ends = [
-            m["time"]
-            for m in stack.http.get(
-                f"/jobs/{job['id']}/metrics", params={"name": "val/loss"}
-            ).json()
-        ]
-        epoch_times = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-        return SAMPLES / statistics.median(epoch_times), wall
+        return (stamps[1] - stamps[0]).total_seconds()  # server clock
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="whole runs of each kind")
+    parser.add_argument("--turn", type=float, default=1.0, help="seconds per turn")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     for world in (1, 2):
-        runs: list[dict[str, tuple[float, float]]] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            row = {"strategy": "ddp(2)" if world > 1 else "single"}
+            row.update(steady_state(world, Path(tmp), args.turn))
+        walls: dict[str, list[float]] = {"per-sample": [], "batched": [], "trainyard": []}
         for _ in range(args.repeats):  # alternate, so drift in machine load hits all three
-            run = {"usual": bare(world, "per-sample"), "batched": bare(world, "batched")}
+            for fetch in FETCHES:
+                walls[fetch].append(bare_wall(world, fetch))
             with tempfile.TemporaryDirectory() as tmp:
-                run["trainyard"] = trainyard(world, Path(tmp))
-            runs.append(run)
-        median = functools.partial(_median, runs)
-        rows.append({
-            "strategy": "ddp(2)" if world > 1 else "single",
-            "bare_samples_per_s": median("usual", 0),
-            "bare_batched_samples_per_s": median("batched", 0),
-            "trainyard_samples_per_s": median("trainyard", 0),
-            "ratio_vs_usual": median("trainyard", 0) / median("usual", 0),
-            "ratio_like_for_like": median("trainyard", 0) / median("batched", 0),
-            "like_for_like_each": [round(r["trainyard"][0] / r["batched"][0], 3) for r in runs],
-            "bare_wall_s": median("usual", 1), "bare_batched_wall_s": median("batched", 1),
-            "trainyard_wall_s": median("trainyard", 1),
-            "wall_ratio_like_for_like": median("trainyard", 1) / median("batched", 1),
+                walls["trainyard"].append(trainyard_wall(world, Path(tmp)))
+        wall = {k: statistics.median(v) for k, v in walls.items()}
+        row.update({
+            "bare_wall_s": wall["per-sample"], "bare_batched_wall_s": wall["batched"],
+            "trainyard_wall_s": wall["trainyard"],
+            "wall_ratio_vs_usual": wall["trainyard"] / wall["per-sample"],
+            "wall_ratio_like_for_like": wall["trainyard"] / wall["batched"],
         })  # fmt: skip
-    print_table(f"overhead (median of {args.repeats}, CPU)", rows)
+        rows.append(row)
+    print_table(
+        f"overhead (CPU; steady state in {args.turn:g} s turns; walls median of {args.repeats})",
+        rows,
+    )
     save("overhead", rows)
-
-
-def _median(runs: list[dict[str, tuple[float, float]]], kind: str, i: int) -> float:
-    """Median over the repeats of one figure (0: samples/s, 1: wall s) of one kind of run."""
-    return statistics.median(r[kind][i] for r in runs)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 from service.store import Claim
@@ -28,8 +29,16 @@ class Attempt:
     """A runner started in a new session, so its pgid names every process of the attempt."""
 
     def __init__(
-        self, claim: Claim, devices: list[int], proc: Process, stdout: IO[bytes], stderr: IO[bytes]
+        self,
+        claim: Claim,
+        devices: list[int],
+        proc: Process,
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
+        """``on_exit`` is called (from a thread) once both pipes closed: every process of
+        the attempt has exited, or at least stopped writing."""
         self.fence = claim.fence
         self.job_id = claim.fence.job_id
         self.devices = devices
@@ -49,6 +58,8 @@ class Attempt:
         self.gpu_wait_since: float | None = None
         self._lines: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
+        self._on_exit = on_exit
+        self._open_pipes = 2
         self._pumps = [
             threading.Thread(target=self._pump, args=(pipe, name), daemon=True)
             for pipe, name in ((stdout, "stdout"), (stderr, "stderr"))
@@ -66,6 +77,7 @@ class Attempt:
         threads: int,
         env: dict[str, str],
         zygote: Zygote | None,
+        on_exit: Callable[[], None] | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
         args = [
@@ -91,7 +103,7 @@ class Attempt:
                 start_new_session=True,  # the runner leads its own process group
             )
             assert popen.stdout is not None and popen.stderr is not None
-            return cls(claim, devices, popen, popen.stdout, popen.stderr)
+            return cls(claim, devices, popen, popen.stdout, popen.stderr, on_exit)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -99,7 +111,8 @@ class Attempt:
         finally:
             os.close(out_w)
             os.close(err_w)
-        return cls(claim, devices, ZygoteProcess(zygote, pid), open(out_r, "rb"), open(err_r, "rb"))  # noqa: SIM115
+        process = ZygoteProcess(zygote, pid)
+        return cls(claim, devices, process, open(out_r, "rb"), open(err_r, "rb"), on_exit)  # noqa: SIM115
 
     def note(self, text: str) -> None:
         """Add a line of the supervisor's own to the job's log."""
@@ -123,6 +136,11 @@ class Attempt:
             with self._lock:
                 self._lines.append((time.time(), stream, text))
         pipe.close()
+        with self._lock:
+            self._open_pipes -= 1
+            closed = self._open_pipes == 0
+        if closed and self._on_exit is not None:
+            self._on_exit()
 
     def join_pumps(self, timeout_s: float = 5.0) -> None:
         """Wait until both pipes reached EOF (every process holding them is gone)."""

@@ -39,7 +39,12 @@ T = TypeVar("T")
 
 # Claim latency bound while idle. An idle poll is one indexed read, no write lock.
 POLL_INTERVAL_S = 0.05
-LEASE_WATCHDOG_EVERY_S = 0.25
+# The lease watchdog looks at least this often (and at the moment a lease would lapse).
+LEASE_WATCHDOG_EVERY_S = 1.0
+# With every device busy there is nothing to claim: the loop wakes when a runner exits,
+# and else only this often, to store log lines and apply deadlines. (Every 50 ms, its
+# wake-ups took a core from the training job's threads for a moment, 20 times a second.)
+BUSY_WAIT_S = 0.5
 # With LISTEN/NOTIFY (PostgreSQL) an idle worker polls only this often, as a fallback.
 NOTIFIED_FALLBACK_POLL_S = 1.0
 GPU_SAMPLE_EVERY_S = 5.0  # GPU utilisation and memory, for /metrics
@@ -119,14 +124,18 @@ class Supervisor:
                 if idle and self._while_database_answers(self._pending) is False:
                     break
                 if not claimed:
-                    self._wake.wait(self._idle_wait())
+                    until_heartbeat = max(0.0, next_heartbeat - time.monotonic())
+                    self._wake.wait(min(self._idle_wait(), until_heartbeat))
                     self._wake.clear()
         finally:
             self._shutdown()
 
     def _idle_wait(self) -> float:
-        """How long to sleep when nothing was claimed: the poll interval, unless idle and
-        woken by notifications, when only a lost notification waits for the fallback."""
+        """How long to sleep when nothing was claimed: the poll interval, unless busy, or
+        idle and woken by notifications, when only a lost notification waits for the
+        fallback."""
+        if self.attempts and not self._free_devices():
+            return max(BUSY_WAIT_S, self.poll_interval_s)
         if self.listener is None or self.attempts:
             return self.poll_interval_s
         return min(NOTIFIED_FALLBACK_POLL_S, self.heartbeat_interval_s)
@@ -205,12 +214,16 @@ class Supervisor:
         no longer prove it owns the job (another worker may be given it), so it must not
         train it on. A thread of its own that never touches the database, so a database
         call that hangs (a network partition) cannot delay it."""
-        while not self._watchdog_stop.wait(LEASE_WATCHDOG_EVERY_S):
+        wait = LEASE_WATCHDOG_EVERY_S
+        while not self._watchdog_stop.wait(wait):
             now = time.monotonic()
+            wait = LEASE_WATCHDOG_EVERY_S
             for job_id, attempt in list(self.attempts.items()):
-                lapsed = now - attempt.renewed_at > self.lease_s
-                if lapsed and attempt.stop_reason != "lease_lost":
+                lapses_in = attempt.renewed_at + self.lease_s - now
+                if lapses_in < 0 and attempt.stop_reason != "lease_lost":
                     self._kill_unowned(job_id, attempt, f"not renewed for {self.lease_s:.0f}s")
+                elif lapses_in >= 0:
+                    wait = min(wait, lapses_in + 0.001)  # wake just past the moment
 
     def _kill_unowned(self, job_id: int, attempt: Attempt, why: str) -> None:
         """The job is not (provably) ours any more: its runner must not train on."""
@@ -270,6 +283,12 @@ class Supervisor:
         return True
 
     def _claim(self) -> bool:
+        zygote = self._warm_zygote()
+        if zygote is not None and not zygote.ready():
+            # Not yet: the runner would wait seconds for the imports, with the job's lease
+            # running and no heartbeat meanwhile. A warm worker may take the job instead;
+            # this one is woken when its zygote is ready.
+            return False
         free = self._free_devices()
         asked = time.monotonic()  # the lease starts no earlier than this
         claim = store.claim_job(
@@ -296,7 +315,8 @@ class Supervisor:
             accelerator=self.accelerator,
             threads=threads,
             env=self._env,
-            zygote=self._warm_zygote(),
+            zygote=zygote,
+            on_exit=self._wake.set,
         )
         attempt.renewed_at = asked
         self.attempts[fence.job_id] = attempt
@@ -317,7 +337,7 @@ class Supervisor:
                 log.warning(
                     "zygote exited with %s; starting a new one", self.zygote.proc.returncode
                 )
-            self.zygote = Zygote(self._env)
+            self.zygote = Zygote(self._env, notify=self._wake.set)
         return self.zygote
 
     def _pending(self) -> bool:

@@ -8,7 +8,8 @@ group holds the runner, its ranks and their loader workers, as before.
 
 Protocol over a SOCK_SEQPACKET socketpair, one JSON message per packet:
   supervisor -> zygote: {"op": "spawn", "module", "args", "env", "cwd"} + fds [stdout, stderr]
-  zygote -> supervisor: {"op": "spawned", "pid"} | {"op": "exited", "pid", "code"}
+  zygote -> supervisor: {"op": "ready"} (once, when warm) | {"op": "spawned", "pid"}
+                        | {"op": "exited", "pid", "code"}
 ``code`` follows subprocess: negative for a signal.
 """
 
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,6 @@ PRELOAD = (
 MAX_MESSAGE_BYTES = 1 << 20
 # Set in a forked runner: its DDP ranks fork from it too, warm, instead of re-importing.
 RANK_START_ENV = "TRAINYARD_RANK_START"
-REAP_INTERVAL_S = 0.02  # how soon an exit is reported
 
 
 class ZygoteError(RuntimeError):
@@ -57,7 +58,11 @@ class ZygoteError(RuntimeError):
 class Zygote:
     """The supervisor's handle on its zygote: spawn children, learn how they exited."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], notify: Callable[[], None] | None = None) -> None:
+        """Start the zygote; ``notify`` is called (from a thread) once it is warm, and
+        whenever a child exits."""
+        self._notify = notify
+        self._ready = False
         self._sock, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workers.zygote", "--fd", str(child_end.fileno())],
@@ -88,6 +93,11 @@ class Zygote:
             if not self._spawned:
                 raise ZygoteError("zygote exited")
             return self._spawned.pop()
+
+    def ready(self) -> bool:
+        """Warm: a child forked now starts at once (before, it waits for the imports)."""
+        with self._replied:
+            return self._ready
 
     def returncode(self, pid: int) -> int | None:
         """How a child exited, or None while it runs."""
@@ -121,11 +131,15 @@ class Zygote:
                     self._replied.notify_all()
                     return
                 message = json.loads(data)
-                if message["op"] == "spawned":
+                if message["op"] == "ready":
+                    self._ready = True
+                elif message["op"] == "spawned":
                     self._spawned.append(message["pid"])
                 elif message["op"] == "exited":
                     self._exits[message["pid"]] = message["code"]
                 self._replied.notify_all()
+            if message["op"] in ("ready", "exited") and self._notify is not None:
+                self._notify()
 
 
 class ZygoteProcess:
@@ -164,10 +178,21 @@ def serve(sock: socket.socket) -> None:
         raise RuntimeError("CUDA was initialised while preloading; refusing to fork runners")
     sys.stdout.flush()
     sys.stderr.flush()
+    # Sleep until a request comes or a child exits: SIGCHLD writes a byte to this pipe.
+    # (Polling for exits instead woke the zygote 50 times a second, each wake-up taking
+    # a core from a training job's threads for a moment.)
+    exited, on_exit = os.pipe()
+    os.set_blocking(on_exit, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the signal is delivered
+    signal.set_wakeup_fd(on_exit, warn_on_full_buffer=False)
+    with contextlib.suppress(OSError):
+        sock.send(json.dumps({"op": "ready"}).encode())
     while True:
-        ready, _, _ = select.select([sock], [], [], REAP_INTERVAL_S)
+        ready, _, _ = select.select([sock.fileno(), exited], [], [])
+        if exited in ready:
+            os.read(exited, 512)
         _reap(sock)
-        if not ready:
+        if sock.fileno() not in ready:
             continue
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 2)
@@ -178,6 +203,10 @@ def serve(sock: socket.socket) -> None:
         request = json.loads(data)
         pid = os.fork()
         if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(exited)
+            os.close(on_exit)
             _child(sock, request, fds)  # never returns
         for fd in fds:
             os.close(fd)

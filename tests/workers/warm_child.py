@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -19,5 +20,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     found["cuda_initialized"] = torch.cuda.is_initialized()
+    # The zygote's own SIGCHLD wake-up must not be inherited: a runner reaps its ranks.
+    found["sigchld_default"] = signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+    found["no_wakeup_fd"] = signal.set_wakeup_fd(-1) == -1
     Path(argv[0]).write_text(json.dumps(found))
     return int(argv[1])
