@@ -73,9 +73,12 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, worker_id: str = "e2e", **settings: object) -> subprocess.Popen[bytes]:
-        """Start a worker (settings as TRAINYARD_* variables) and wait until it registered."""
-        env = {f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()}
+    def start_worker(
+        self, worker_id: str = "e2e", env: dict[str, str] | None = None, **settings: object
+    ) -> subprocess.Popen[bytes]:
+        """Start a worker (settings as TRAINYARD_* variables, ``env`` as given) and wait
+        until it registered."""
+        env = {**(env or {}), **{f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()}}
         proc = self.start(
             "worker", "--worker-id", worker_id, log_name=f"worker-{worker_id}", env=env
         )

@@ -38,7 +38,7 @@ class Attempt:
         on_exit: Callable[[], None] | None = None,
     ) -> None:
         """``on_exit`` is called (from a thread) once both pipes closed: every process of
-        the attempt has exited, or at least stopped writing."""
+        the attempt closed them, usually by exiting (it may not be reapable just yet)."""
         self.fence = claim.fence
         self.job_id = claim.fence.job_id
         self.devices = devices
@@ -179,6 +179,21 @@ class Attempt:
         members = group_members(self.pgid)
         self.pids_seen.update(members)
         return bool(members)
+
+    def exiting(self) -> bool:
+        """Its output pipes closed or its runner exited: ``finished`` is near."""
+        with self._lock:
+            closed = self._open_pipes == 0
+        return closed or self.proc.poll() is not None
+
+    def next_deadline(self) -> float:
+        """When ``enforce`` next has something to do (monotonic; inf if never)."""
+        deadlines = [math.inf]
+        if self.kill_at is not None:
+            deadlines.append(self.kill_at)
+        if self.timeout_s is not None and self.stop_reason is None:
+            deadlines.append(self.started + self.timeout_s)
+        return min(deadlines)
 
     def finished(self) -> bool:
         """The runner exited and no process of its group remains."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -41,10 +42,15 @@ T = TypeVar("T")
 POLL_INTERVAL_S = 0.05
 # The lease watchdog looks at least this often (and at the moment a lease would lapse).
 LEASE_WATCHDOG_EVERY_S = 1.0
-# With every device busy there is nothing to claim: the loop wakes when a runner exits,
-# and else only this often, to store log lines and apply deadlines. (Every 50 ms, its
+# With every device busy there is nothing to claim: the loop wakes when a runner's pipes
+# close or the zygote reports its exit, at a kill deadline or timeout, and else only this
+# often, to store log lines. (Every 50 ms, its
 # wake-ups took a core from the training job's threads for a moment, 20 times a second.)
 BUSY_WAIT_S = 0.5
+# A zygote that died this many times in a row before it was warm, or is not warm after
+# this long, is given up: runners then start as fresh interpreters (slower, but they run).
+ZYGOTE_MAX_COLD_DEATHS = 3
+ZYGOTE_READY_TIMEOUT_S = 120.0
 # With LISTEN/NOTIFY (PostgreSQL) an idle worker polls only this often, as a fallback.
 NOTIFIED_FALLBACK_POLL_S = 1.0
 GPU_SAMPLE_EVERY_S = 5.0  # GPU utilisation and memory, for /metrics
@@ -82,6 +88,9 @@ class Supervisor:
         self._stop_now = False
         self._env = self._runner_env()
         self.zygote: Zygote | None = None
+        self._zygote_started = 0.0
+        self._zygote_deaths = 0  # in a row, before it was warm
+        self._cold_start = False  # the zygote cannot get warm here
         self.gpu_pids = gpu.compute_pids  # replaceable in tests: there is no GPU there
         self.sampled_at = float("-inf")
         self.database_down_since: float | None = None
@@ -135,7 +144,12 @@ class Supervisor:
         idle and woken by notifications, when only a lost notification waits for the
         fallback."""
         if self.attempts and not self._free_devices():
-            return max(BUSY_WAIT_S, self.poll_interval_s)
+            if any(a.exiting() for a in self.attempts.values()):
+                # Its pipes closed or its runner exited, but not every process is gone
+                # or reaped yet (or NVML still lists it): look again soon.
+                return self.poll_interval_s
+            deadline = min((a.next_deadline() for a in self.attempts.values()), default=math.inf)
+            return max(min(BUSY_WAIT_S, deadline - time.monotonic()), self.poll_interval_s)
         if self.listener is None or self.attempts:
             return self.poll_interval_s
         return min(NOTIFIED_FALLBACK_POLL_S, self.heartbeat_interval_s)
@@ -329,16 +343,34 @@ class Supervisor:
         return True
 
     def _warm_zygote(self) -> Zygote | None:
-        """The zygote to fork runners from (restarted if it died); None when turned off."""
-        if not self.settings.warm_start:
+        """The zygote to fork runners from (restarted if it died); None when turned off,
+        or when it cannot get warm here: then runners start as fresh interpreters."""
+        if not self.settings.warm_start or self._cold_start:
             return None
-        if self.zygote is None or not self.zygote.alive():
-            if self.zygote is not None:
-                log.warning(
-                    "zygote exited with %s; starting a new one", self.zygote.proc.returncode
-                )
-            self.zygote = Zygote(self._env, notify=self._wake.set)
+        now = time.monotonic()
+        if self.zygote is not None and self.zygote.alive():
+            if self.zygote.ready() or now - self._zygote_started < ZYGOTE_READY_TIMEOUT_S:
+                return self.zygote
+            self._start_cold(f"zygote not warm after {ZYGOTE_READY_TIMEOUT_S:.0f}s")
+            return None
+        if self.zygote is not None:
+            log.warning("zygote exited with %s; starting a new one", self.zygote.proc.returncode)
+            self._zygote_deaths = 0 if self.zygote.ready() else self._zygote_deaths + 1
+            if self._zygote_deaths >= ZYGOTE_MAX_COLD_DEATHS:
+                self._start_cold(f"zygote died {self._zygote_deaths} times before warm")
+                return None
+        self.zygote = Zygote(self._env, notify=self._wake.set)
+        self._zygote_started = now
         return self.zygote
+
+    def _start_cold(self, why: str) -> None:
+        """Give up on the zygote for good: a job must not wait for one that cannot start."""
+        log.error("%s; starting runners as fresh interpreters from now on", why)
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+        self._cold_start = True
+        self._wake.set()
 
     def _pending(self) -> bool:
         return (

@@ -239,7 +239,8 @@ def batches(
     through their own ``__getitems__`` where they define one.
     """
     if type(dataset) is TensorDataset:  # a subclass may index differently
-        order = BatchSampler(sampler or range(len(dataset)), batch_size, drop_last=False)
+        whole = sampler if sampler is not None else range(len(dataset))
+        order = BatchSampler(whole, batch_size, drop_last=False)
         return DataLoader(dataset, batch_size=None, sampler=order)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
 

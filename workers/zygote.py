@@ -59,8 +59,8 @@ class Zygote:
     """The supervisor's handle on its zygote: spawn children, learn how they exited."""
 
     def __init__(self, env: dict[str, str], notify: Callable[[], None] | None = None) -> None:
-        """Start the zygote; ``notify`` is called (from a thread) once it is warm, and
-        whenever a child exits."""
+        """Start the zygote; ``notify`` is called (from a thread) once it is warm, whenever
+        a child exits, and when the zygote itself is gone."""
         self._notify = notify
         self._ready = False
         self._sock, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -127,8 +127,10 @@ class Zygote:
             except OSError:
                 data = b""
             with self._replied:
-                if not data:
+                if not data:  # the zygote is gone
                     self._replied.notify_all()
+                    if self._notify is not None:
+                        self._notify()
                     return
                 message = json.loads(data)
                 if message["op"] == "ready":

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from tests.stack import Stack, wait_for
+from tests.stack import REPO, Stack, running_stack, wait_for
 from workers import strategies
 from workers.attempt import group_members
 from workers.training import MODEL_FILE, RunSpec
@@ -233,3 +233,24 @@ def test_an_attempt_whose_step_stops_moving_is_ended(stack: Stack) -> None:
     done = stack.wait_status(job["id"], {"succeeded", "failed"}, 60)
     assert done["status"] == "failed" and done["reason"]["code"] == "stalled"
     assert group_members(pgid) == []
+
+
+def test_a_zygote_that_cannot_get_warm_is_given_up_and_jobs_start_cold(tmp_path: Path) -> None:
+    # Every zygote this worker starts dies at once (a broken install, say): the worker
+    # must not wait for one forever, nor restart it forever.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if b'workers.zygote' in open('/proc/self/cmdline', 'rb').read():\n"
+        "    os._exit(7)\n"
+    )
+    (tmp_path / "stack").mkdir()
+    with running_stack(tmp_path / "stack") as stack:
+        stack.start_worker("cold", env={"PYTHONPATH": f"{site}:{REPO}"})
+        job = stack.submit(recipe="tiny", epochs=1, params={"sleep_per_step_s": 0.01})
+        done = stack.wait_status(job["id"], {"succeeded", "failed"})
+        assert (done["status"], done["attempt"]) == ("succeeded", 1), done
+        log = (stack.tmp / "worker-cold.log").read_text()
+        assert log.count("zygote exited with 7") == 3, log
+        assert "zygote died 3 times before warm; starting runners as fresh interpreters" in log
