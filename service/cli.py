@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,10 @@ def up() -> None:
     """Migrate, then serve the API with one worker beside it (the single-box default)."""
     migrate()
     worker_proc = subprocess.Popen([sys.executable, "-m", "service.cli", "worker"])
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with the
+    # default action this process would die there, before stopping its worker, which
+    # would run on, orphaned. Exit through `finally` instead.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         serve()
     finally:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.stack import REPO, Stack
+from tests.stack import REPO, Stack, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +55,45 @@ def test_cli_reports_a_bad_spec_with_the_field(stack: Stack) -> None:
     stack.start_worker()
     r = cli(stack, "submit", "--recipe", "tiny", "--epochs", "0")
     assert r.returncode == 1 and "epochs" in r.stderr
+
+
+def test_up_stops_its_worker_when_it_is_stopped(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "TRAINYARD_DATABASE_URL": f"sqlite:///{tmp_path / 'trainyard.db'}",
+        "TRAINYARD_DATA_DIR": str(tmp_path / "data"),
+        "TRAINYARD_PORT": str(port),
+        "PYTHONPATH": str(REPO),
+    }
+    env.pop("TRAINYARD_API_TOKEN", None)
+    api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=5)
+    with open(tmp_path / "up.log", "wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "up"],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    pid = None
+    try:
+
+        def worker_pid() -> int | None:
+            try:
+                workers = api.get("/workers").json()
+            except httpx.HTTPError:
+                return None
+            return next((w["pid"] for w in workers if w["alive"]), None)
+
+        pid = wait_for(worker_pid, 60, "the worker beside the API to register")
+        up.send_signal(signal.SIGTERM)  # what systemd or `kill` sends
+        assert up.wait(timeout=60) == 128 + signal.SIGTERM, (tmp_path / "up.log").read_text()
+        # Its worker went with it (it used to run on, orphaned, after uvicorn's shutdown).
+        assert not Path(f"/proc/{pid}").exists(), (tmp_path / "up.log").read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+        if pid is not None and Path(f"/proc/{pid}").exists():  # orphaned: do not leak it
+            os.kill(pid, signal.SIGKILL)
+        api.close()
