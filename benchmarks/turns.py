@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from workers.attempt import stat_fields
+
 Window = tuple[float, float]  # a turn's (start, end), in time.time() seconds
 
 
@@ -24,15 +26,8 @@ def descendants(roots: Iterable[int]) -> set[int]:
     """``roots`` and every process below them (read from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        if entry.name.isdigit() and (fields := stat_fields(int(entry.name))):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found: set[int] = set()
     todo = list(roots)
     while todo:

@@ -167,16 +167,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
-@contextmanager
-def running_stack(
-    tmp: Path, database_url: str | None = None, **settings: object
-) -> Iterator[Stack]:
-    """API server on a free port (settings as TRAINYARD_* variables) on a migrated database
-    (default: a new SQLite file); workers are started by the caller. All stop on exit."""
-    if database_url is None:
-        database_url = f"sqlite:///{tmp / 'trainyard.db'}"
-        upgrade(database_url)
-    port = free_port()
+def stack_env(tmp: Path, database_url: str, port: int, **settings: object) -> dict[str, str]:
+    """The environment of a test stack's processes: its database, data dir and port, the
+    test recipes, two CPU slots, no API token; settings as TRAINYARD_* variables."""
     env = {
         **os.environ,
         "TRAINYARD_DATABASE_URL": database_url,
@@ -188,6 +181,20 @@ def running_stack(
         **{f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()},
     }
     env.pop("TRAINYARD_API_TOKEN", None)
+    return env
+
+
+@contextmanager
+def running_stack(
+    tmp: Path, database_url: str | None = None, **settings: object
+) -> Iterator[Stack]:
+    """API server on a free port (settings as TRAINYARD_* variables) on a migrated database
+    (default: a new SQLite file); workers are started by the caller. All stop on exit."""
+    if database_url is None:
+        database_url = f"sqlite:///{tmp / 'trainyard.db'}"
+        upgrade(database_url)
+    port = free_port()
+    env = stack_env(tmp, database_url, port, **settings)
     s = Stack(url=f"http://127.0.0.1:{port}", env=env, tmp=tmp)
     s.start("serve", log_name="serve")
     try:

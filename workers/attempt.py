@@ -222,8 +222,9 @@ def kill_leftovers(session_id: int, started_before: float, timeout_s: float) -> 
     return len(pids)
 
 
-def _stat_fields(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after "pid (comm)": [0] is state, [2] pgrp, [3] session."""
+def stat_fields(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after "pid (comm)": [0] is state, [1] ppid, [2] pgrp,
+    [3] session; empty if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -233,13 +234,13 @@ def _stat_fields(pid: int) -> list[str]:
 
 
 def _session_of(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[3]) if fields else None
 
 
 def _start_time(pid: int) -> float:
     """When a process started, in Unix seconds (inf if it is gone)."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if not fields:
         return math.inf
     ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
@@ -259,7 +260,7 @@ def group_members(pgid: int) -> list[int]:
     members = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
+            fields = stat_fields(int(entry.name))
             if fields and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 members.append(int(entry.name))
     return members

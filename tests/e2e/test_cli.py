@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.stack import REPO, Stack, free_port, wait_for
+from tests.stack import REPO, Stack, free_port, stack_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -59,14 +59,7 @@ def test_cli_reports_a_bad_spec_with_the_field(stack: Stack) -> None:
 
 def test_up_stops_its_worker_when_it_is_stopped(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        **os.environ,
-        "TRAINYARD_DATABASE_URL": f"sqlite:///{tmp_path / 'trainyard.db'}",
-        "TRAINYARD_DATA_DIR": str(tmp_path / "data"),
-        "TRAINYARD_PORT": str(port),
-        "PYTHONPATH": str(REPO),
-    }
-    env.pop("TRAINYARD_API_TOKEN", None)
+    env = stack_env(tmp_path, f"sqlite:///{tmp_path / 'trainyard.db'}", port)
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=5)
     with open(tmp_path / "up.log", "wb") as log:
         up = subprocess.Popen(
