@@ -19,3 +19,10 @@ assert not heavy, heavy
 def test_api_never_imports_torch_or_workers() -> None:
     result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_worker_starts_its_zygote_before_it_imports_torch() -> None:
+    # The zygote's imports and the worker's own then run at once, not one after the other.
+    check = "import sys, workers.supervisor; assert 'torch' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -12,8 +12,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
+from service.artifacts import job_dir
 from service.store import Claim
 from workers.zygote import Zygote, ZygoteProcess
 
@@ -23,6 +25,11 @@ log = logging.getLogger(__name__)
 
 # A line longer than this is cut (a progress bar printed without newlines, say).
 MAX_LINE_CHARS = 8192
+
+
+def outcome_path(data_dir: Path, job_id: int, attempt: int) -> Path:
+    """Where the runner leaves how its attempt ended (read by the supervisor)."""
+    return job_dir(data_dir, job_id) / ".runner" / f"attempt-{attempt}.json"
 
 
 class Attempt:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
 
 def detect(cpu_slots: int | None = None) -> tuple[str, list[dict[str, Any]]]:
     """(accelerator, devices): every visible GPU, else ``cpu_slots`` (default: core count)."""
+    import torch  # here, not above: the worker starts its zygote before it pays for torch
+
     if torch.cuda.is_available():
         devices = []
         for i in range(torch.cuda.device_count()):

@@ -25,6 +25,7 @@ from service.models import Job
 from service.settings import Settings
 from service.store import Fence, load_job
 from workers import environment, strategies
+from workers.attempt import outcome_path
 from workers.errors import NotRetryable, describe
 from workers.recipes import Recipe, load_recipes
 from workers.reporter import DbReporter
@@ -34,11 +35,6 @@ from workers.training import FLUSHED_MARKER, Preempted, RunSpec, stop_on_sigterm
 log = logging.getLogger(__name__)
 
 SPEC_FILE = "spec.json"
-
-
-def outcome_path(data_dir: Path, job_id: int, attempt: int) -> Path:
-    """Where the runner leaves how its attempt ended (read by the supervisor)."""
-    return job_dir(data_dir, job_id) / ".runner" / f"attempt-{attempt}.json"
 
 
 def resolve(

@@ -17,7 +17,8 @@ def test_nvml_without_a_gpu_says_nothing() -> None:
 
 
 def test_devices_wait_while_nvml_lists_a_process_of_the_job(settings: Settings) -> None:
-    sup = Supervisor(settings, worker_id="w", kill_grace_s=5)
+    no_zygote = settings.model_copy(update={"warm_start": False})  # this test runs no job
+    sup = Supervisor(no_zygote, worker_id="w", kill_grace_s=5)
     sup.accelerator = "cuda"
     attempt = SimpleNamespace(job_id=1, devices=[0, 1], pids_seen={101, 102}, gpu_wait_since=None)
     listed = {101, 999}  # 101 is the job's; 999 belongs to someone else

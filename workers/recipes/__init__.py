@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from torch import Tensor, nn
-from torch.utils.data import Dataset
+
+if TYPE_CHECKING:  # the worker imports this before torch (see workers.supervisor)
+    from torch import Tensor, nn
+    from torch.utils.data import Dataset
 
 log = logging.getLogger(__name__)
 
