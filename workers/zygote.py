@@ -114,6 +114,10 @@ class Zygote:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+        if not self.ready() and self.alive():
+            # Still importing: it reads the socket only once warm (seconds from now) and
+            # has no child yet. A worker stopped right after it started stops at once.
+            self.proc.terminate()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -65,3 +66,12 @@ def _wakeups(pid: int) -> int:
     """How often the process's main thread has gone to sleep and woken since it started."""
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_a_zygote_closed_before_it_is_warm_is_stopped_not_waited_for() -> None:
+    # It only reads its socket once warm; a worker stopped during its imports would wait
+    # for them to finish (seconds) to be heard.
+    zygote = Zygote({**os.environ, "PYTHONPATH": str(REPO)})
+    assert not zygote.ready()
+    zygote.close()
+    assert zygote.proc.returncode == -signal.SIGTERM
