@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import queue
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from tests.stack import REPO, Stack, running_stack, wait_for
+from tests.stack import RECIPES_DIR, REPO, Stack, running_stack, wait_for
 from workers import strategies
 from workers.attempt import group_members
 from workers.training import MODEL_FILE, RunSpec
@@ -67,18 +70,20 @@ def stop_outside_a_transaction(stack: Stack, proc: subprocess.Popen[bytes]) -> N
     raise AssertionError("could not stop the worker outside a write transaction")
 
 
-def reference_weights(stack: Stack, job_id: int, tmp_path: Path) -> dict[str, torch.Tensor]:
+def reference_weights(stack: Stack, job_id: int) -> dict[str, torch.Tensor]:
     """The job's resolved spec trained in one go, here, without interruption."""
     spec = stack.http.get(f"/jobs/{job_id}/artifacts/spec.json").json()
     names = {f.name for f in fields(RunSpec)} - {"job_dir", "recipes_dir", "attempt"}
     params = {**spec["params"], "sleep_per_step_s": 0.0}  # the same math, without the wait
-    run = RunSpec(
-        **{**{k: spec[k] for k in names}, "params": params},
-        job_dir=str(tmp_path / "reference"),
-        recipes_dir=stack.env["TRAINYARD_RECIPES_DIR"],
-    )
-    strategies.run(run, queue.SimpleQueue())
-    return load((tmp_path / "reference" / MODEL_FILE).read_bytes())
+    return _trained(json.dumps({**{k: spec[k] for k in names}, "params": params}, sort_keys=True))
+
+
+@functools.cache  # the same spec trains to the same weights: once per session (~3 s each)
+def _trained(spec_json: str) -> dict[str, torch.Tensor]:
+    with tempfile.TemporaryDirectory() as job_dir:
+        run = RunSpec(**json.loads(spec_json), job_dir=job_dir, recipes_dir=str(RECIPES_DIR))
+        strategies.run(run, queue.SimpleQueue())
+        return load((Path(job_dir) / MODEL_FILE).read_bytes())
 
 
 def job_weights(stack: Stack, job_id: int) -> dict[str, torch.Tensor]:
@@ -98,7 +103,7 @@ def started_lines(stack: Stack, job_id: int) -> list[str]:
 
 @pytest.mark.parametrize(("sig", "attempt"), [(signal.SIGKILL, 2), (signal.SIGTERM, 1)])
 def test_worker_stopped_mid_epoch_resumes_with_the_same_weights(
-    stack: Stack, tmp_path: Path, sig: signal.Signals, attempt: int
+    stack: Stack, sig: signal.Signals, attempt: int
 ) -> None:
     """kill -9: the restarted worker kills the leftovers and retries from the checkpoint.
     SIGTERM: the job checkpoints where it is and goes back to the queue, attempt unspent."""
@@ -124,14 +129,12 @@ def test_worker_stopped_mid_epoch_resumes_with_the_same_weights(
         for m in stack.http.get(f"/jobs/{job['id']}/metrics", params={"name": "val/loss"}).json()
     ]
     assert val == list(range(1, 13))  # each epoch once: a resumed run adds no duplicates
-    assert_same_weights(
-        job_weights(stack, job["id"]), reference_weights(stack, job["id"], tmp_path)
-    )
+    assert_same_weights(job_weights(stack, job["id"]), reference_weights(stack, job["id"]))
 
 
 def test_killed_rank_fails_the_attempt_fast_and_the_retry_succeeds(stack: Stack) -> None:
     stack.start_worker()
-    job = stack.submit(**SLOW, epochs=20, params=SLOW_PARAMS, max_attempts=2)
+    job = stack.submit(**SLOW, epochs=8, params=SLOW_PARAMS, max_attempts=2)
     wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 2, 60, "epoch 2")
     pgid = stack.runner_pgid(job["id"])
     ranks = wait_for(lambda: len(r := rank_pids(pgid)) == 2 and r, 10, "two ranks")
