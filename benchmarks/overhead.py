@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_table, save
-from benchmarks.turns import Group, progress_in_windows, take_turns
+from benchmarks.turns import Group, cpu_seconds, descendants, progress_in_windows, take_turns
 from tests.stack import REPO, Stack, running_stack
+from workers.attempt import stat_fields
 
 EPOCHS, BATCH, HIDDEN, LAYERS, SAMPLES = 5, 256, 256, 3, 65536
 # Epochs for the steady state: ~40 s of Trainyard's turns past the first epoch, ~40 rounds.
@@ -84,17 +85,26 @@ def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
             for fetch in FETCHES
         }
         job_id = _submit(stack, world, STEADY_EPOCHS[world])
+        runner = stack.runner_pgid(job_id)  # the group leader: it exits when training ends
+        cpu: list[dict[int, float]] = []  # CPU seconds of Trainyard's processes, each turn
+
+        def trainyard_done() -> bool:
+            # From /proc, not the API: an HTTP request would take CPU from the training
+            # in Trainyard's own turn (the bare scripts' done() costs nothing either).
+            if stat_fields(runner)[:1] in ([], ["Z"], ["X"]):
+                return True
+            cpu.append(cpu_seconds(descendants(p.pid for p in stack.procs)))
+            return False
+
         trainyard = Group(
-            "trainyard",
-            roots=lambda: [p.pid for p in stack.procs],
-            done=lambda: stack.job(job_id)["status"] in ("succeeded", "failed", "cancelled"),
+            "trainyard", roots=lambda: [p.pid for p in stack.procs], done=trainyard_done
         )
         bare = [
             Group(fetch, roots=lambda p=p: [p.pid], done=lambda p=p: p.poll() is not None)  # type: ignore[misc]
             for fetch, p in scripts.items()
         ]
         take_turns([trainyard, *bare], turn_s)
-        job = stack.job(job_id)
+        job = stack.wait_status(job_id, {"succeeded", "failed", "cancelled"}, 60)
         assert job["status"] == "succeeded", job
         metrics = stack.http.get(f"/jobs/{job_id}/metrics", params={"name": "train/loss"})
         points = {"trainyard": [(m["step"], m["time"]) for m in metrics.json()]}
@@ -113,6 +123,7 @@ def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
     usual = paired_rounds(spans["trainyard"], spans["per-sample"])
     low, high = bootstrap_interval(like)
     return {
+        **service_cpu(cpu[0], cpu[-1], world),
         "bare_samples_per_s": _rate(usual, 1),
         "bare_batched_samples_per_s": _rate(like, 1),
         "trainyard_samples_per_s": _rate(like, 0),
@@ -121,6 +132,16 @@ def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
         "like_for_like_95pct": [round(low, 3), round(high, 3)],
         "rounds": len(like),
     }
+
+
+def service_cpu(first: dict[int, float], last: dict[int, float], world: int) -> dict[str, Any]:
+    """CPU the service used beside the job between two snapshots, as a share of the
+    training's: the ``world`` busiest processes train (the runner, or the ranks); the
+    API, worker, zygote and, with ddp, the runner are the service. (The runner's own
+    reporting thread trains with the job here: /proc/PID/stat sums threads.)"""
+    used = sorted((last[pid] - first[pid] for pid in first.keys() & last.keys()), reverse=True)
+    training, service = sum(used[:world]), sum(used[world:])
+    return {"service_cpu_pct_of_training": round(100 * service / training, 2)}
 
 
 Span = tuple[int, float]  # (steps, seconds) of progress in one turn

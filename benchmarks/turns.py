@@ -38,6 +38,16 @@ def descendants(roots: Iterable[int]) -> set[int]:
     return found
 
 
+def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
+    """User + system CPU seconds each live process has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for pid in pids:
+        if (fields := stat_fields(pid)) and fields[0] not in ("Z", "X"):
+            found[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
 def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
