@@ -1,4 +1,5 @@
-"""Footprint: API start time and memory (it must never import torch), idle worker memory.
+"""Footprint: API start time and memory (it must never import torch); worker start time
+(process start to its first claim, a job already waiting) and idle memory.
 
 python -m benchmarks.footprint
 """
@@ -40,13 +41,19 @@ def main() -> None:
             api_start = time.perf_counter() - began  # process start to /healthz answering
             api = stack.procs[0]
             maps = Path(f"/proc/{api.pid}/maps").read_text()
-            worker = stack.start_worker()
+            job = stack.submit(recipe="tiny", epochs=1)  # waiting when the worker starts
+            started = time.perf_counter()
+            worker = stack.start("worker", "--worker-id", "footprint", log_name="worker-footprint")
+            wait_for(lambda: stack.job(job["id"])["status"] != "queued", 60, "the claim")
+            worker_start = time.perf_counter() - started
+            stack.wait_status(job["id"], {"succeeded"})
             time.sleep(2)  # idle: the zygote has preloaded, nothing runs
             zygotes = wait_for(lambda: children(worker.pid), 10, "the zygote")
             result = {
                 "api_start_s": api_start,
                 "api_rss_mb": rss_mb(api.pid),
                 "api_loaded_torch": "libtorch" in maps,
+                "worker_start_to_claim_s": worker_start,
                 "worker_rss_mb": rss_mb(worker.pid),
                 "zygote_rss_mb": sum(rss_mb(p) for p in zygotes),
             }
