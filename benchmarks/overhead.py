@@ -40,8 +40,9 @@ from tests.stack import REPO, Stack, running_stack
 from workers.attempt import stat_fields
 
 EPOCHS, BATCH, HIDDEN, LAYERS, SAMPLES = 5, 256, 256, 3, 65536
-# Epochs for the steady state: ~40 s of Trainyard's turns past the first epoch, ~40 rounds.
-STEADY_EPOCHS = {1: 50, 2: 20}
+# Epochs for the steady state: ~45 rounds of turns past the first epoch on a fast day
+# (146,000 samples/s batched, single), ~100 on a slow one.
+STEADY_EPOCHS = {1: 100, 2: 40}
 STEPS_PER_EPOCH = SAMPLES // BATCH
 FETCHES = ("per-sample", "batched")
 
@@ -75,15 +76,15 @@ def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
     # script's processes get.
     with running_stack(tmp, cpu_slots=world) as stack:
         stack.start_worker()
-        scripts = {
-            fetch: subprocess.Popen(
-                _bare_command(world, fetch, STEADY_EPOCHS[world]),
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for fetch in FETCHES
-        }
+        # Their output to files, not pipes: nothing reads a pipe while they take turns, and
+        # a script whose result outgrew the pipe's buffer would block, never finishing.
+        outputs = {fetch: tmp / f"bare-{fetch}.json" for fetch in FETCHES}
+        scripts = {}
+        for fetch in FETCHES:
+            with outputs[fetch].open("w") as out:
+                scripts[fetch] = subprocess.Popen(
+                    _bare_command(world, fetch, STEADY_EPOCHS[world]), cwd=REPO, stdout=out
+                )
         job_id = _submit(stack, world, STEADY_EPOCHS[world])
         runner = stack.runner_pgid(job_id)  # the group leader: it exits when training ends
         cpu: list[dict[int, float]] = []  # CPU seconds of Trainyard's processes, each turn
@@ -109,11 +110,9 @@ def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
         metrics = stack.http.get(f"/jobs/{job_id}/metrics", params={"name": "train/loss"})
         points = {"trainyard": [(m["step"], m["time"]) for m in metrics.json()]}
         for fetch, proc in scripts.items():
-            out, _ = proc.communicate()
-            assert proc.returncode == 0, f"bare script ({fetch}) exited with {proc.returncode}"
-            points[fetch] = [
-                tuple(p) for p in json.loads(out.strip().splitlines()[-1])["step_times"]
-            ]
+            assert proc.wait() == 0, f"bare script ({fetch}) exited with {proc.returncode}"
+            result = json.loads(outputs[fetch].read_text().strip().splitlines()[-1])
+            points[fetch] = [tuple(p) for p in result["step_times"]]
 
     spans = {
         g.name: progress_in_windows(points[g.name], g.windows, after_step=STEPS_PER_EPOCH)
