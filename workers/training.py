@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -138,6 +139,7 @@ def train(
     steps_per_epoch = math.ceil(len(sampler.inner) / local_batch)
     total_steps = steps_per_epoch * spec.epochs
     bf16 = spec.precision == "bf16"
+    on_cpu = device.type == "cpu"
     reporter = _Reporter(sink, spec, total_steps, at.step) if rank == 0 else None
     if reporter is not None:
         reporter.resend(reported)
@@ -153,16 +155,20 @@ def train(
             at.loss_sum if resuming else 0.0, dtype=torch.float64, device=device
         )
         seen = at.seen if resuming else 0
+        # Per step only what the step needs: on CPU the batch is already where it goes,
+        # and fp32 needs no autocast context. (Microseconds each, with the loss sum's
+        # three ops instead of one: ~1% of a small model's step, measured side by side.)
         for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            if not on_cpu:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext():
                 loss = recipe.loss(wrapped(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             step += 1
             batch += 1
-            loss_sum += loss.detach().double() * len(x)  # no .item(): no sync per step
+            loss_sum.add_(loss.detach(), alpha=len(x))  # no .item(): no sync per step
             seen += len(x)
             if reporter is not None:
                 reporter.step(epoch + 1, step, loss)
