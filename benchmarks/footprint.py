@@ -11,20 +11,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import print_table, save
+from benchmarks.turns import descendants
 from tests.stack import running_stack, wait_for
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def rss_mb(pid: int) -> float:
@@ -48,7 +36,7 @@ def main() -> None:
             worker_start = time.perf_counter() - started
             stack.wait_status(job["id"], {"succeeded"})
             time.sleep(2)  # idle: the zygote has preloaded, nothing runs
-            zygotes = wait_for(lambda: children(worker.pid), 10, "the zygote")
+            zygotes = wait_for(lambda: descendants([worker.pid]) - {worker.pid}, 10, "the zygote")
             result = {
                 "api_start_s": api_start,
                 "api_rss_mb": rss_mb(api.pid),

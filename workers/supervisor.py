@@ -43,8 +43,8 @@ POLL_INTERVAL_S = 0.05
 LEASE_WATCHDOG_EVERY_S = 1.0
 # With every device busy there is nothing to claim: the loop wakes when a runner's pipes
 # close or the zygote reports its exit, at a kill deadline or timeout, and else only this
-# often, to store log lines. (Every 50 ms, its
-# wake-ups took a core from the training job's threads for a moment, 20 times a second.)
+# often, to store log lines. (Every 50 ms, its wake-ups took a core from the training
+# job's threads for a moment, 20 times a second.)
 BUSY_WAIT_S = 0.5
 # A zygote that died this many times in a row before it was warm, or is not warm after
 # this long, is given up: runners then start as fresh interpreters (slower, but they run).
