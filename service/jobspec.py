@@ -1,0 +1,70 @@
+"""The rules of a job spec, each in one place.
+
+What ``auto`` resolves to, how many processes a job runs and with how many threads,
+which jobs a worker can serve, and what each strategy needs. The API's check, the
+claim's filter, the supervisor and the runner all ask here, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import os
+
+from service.errors import SpecInvalid
+from service.models import Accelerator, JobCreate, Strategy
+
+
+def resolve_strategy(strategy: Strategy | str, devices: int) -> Strategy:
+    """``auto`` is ddp for more than one device, else single."""
+    strategy = Strategy(strategy)
+    if strategy != Strategy.auto:
+        return strategy
+    return Strategy.ddp if devices > 1 else Strategy.single
+
+
+def resolve_accelerator(accelerator: Accelerator | str, worker: Accelerator | str) -> Accelerator:
+    """``auto`` is what the worker has (cuda on a box with GPUs, else cpu)."""
+    accelerator = Accelerator(accelerator)
+    return Accelerator(worker) if accelerator == Accelerator.auto else accelerator
+
+
+def world_size(strategy: Strategy | str, devices: int) -> int:
+    """Processes a job trains in: one per device for ddp, else one."""
+    return devices if resolve_strategy(strategy, devices) == Strategy.ddp else 1
+
+
+def threads_per_process(
+    slots_held: int, slots_total: int, processes: int, cores: int | None = None
+) -> int:
+    """Torch threads for each process of a job: its share of the box's cores, at least one."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, (cores * slots_held) // (slots_total * max(processes, 1)))
+
+
+def served_accelerators(worker: Accelerator | str) -> list[Accelerator]:
+    """The ``accelerator`` values of jobs a worker with these devices can run."""
+    if Accelerator(worker) == Accelerator.cuda:
+        return [Accelerator.auto, Accelerator.cpu, Accelerator.cuda]
+    return [Accelerator.auto, Accelerator.cpu]
+
+
+def strategy_problem(
+    strategy: Strategy | str, devices: int, accelerator: Accelerator
+) -> str | None:
+    """Why a strategy cannot run on these devices (resolved accelerator), or None."""
+    dp = resolve_strategy(strategy, devices) == Strategy.dp
+    if dp and devices > 1 and accelerator != Accelerator.cuda:
+        return "dp (DataParallel) needs CUDA devices; on CPU use ddp for more than one device"
+    return None
+
+
+def check_shape(spec: JobCreate) -> None:
+    """Rules between a spec's fields that hold whatever the workers are."""
+    strategy = resolve_strategy(spec.strategy, spec.devices)
+    if strategy == Strategy.ddp and spec.batch_size % spec.devices:
+        raise SpecInvalid.at(
+            ("batch_size",),
+            f"ddp gives each of the {spec.devices} ranks batch_size/devices samples: "
+            f"batch_size must be a multiple of devices (got {spec.batch_size})",
+        )
+    if spec.strategy == Strategy.single and spec.devices != 1:
+        raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")

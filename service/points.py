@@ -1,0 +1,40 @@
+"""What a training process reports while it runs, as typed records.
+
+Rank 0 makes them, the runner's reporter batches them, the store writes them: one shape
+from the training loop to the database, not tuples or loose dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """One value of a named series at a training step (unique per job, name and step)."""
+
+    name: str
+    step: int
+    epoch: int
+    value: float
+    time: float  # Unix seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressPoint:
+    """Where a job is, as the API's ``progress`` shows it."""
+
+    epoch: int
+    epochs: int
+    step: int
+    total_steps: int
+    loss: float | None = None
+    samples_per_s: float | None = None  # steady training speed (training steps only)
+    eta_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

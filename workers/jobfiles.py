@@ -1,0 +1,90 @@
+"""A job's folder on the worker's disk: where each file lives, and the one way to write one.
+
+    jobs/<id>/model.safetensors        the final weights (an artifact)
+    jobs/<id>/spec.json                the resolved spec and environment (an artifact)
+    jobs/<id>/checkpoints/*.pt         where a later attempt resumes (artifacts)
+    jobs/<id>/.runner/                 the runner's hand-offs, hidden from the API:
+        attempt-<n>.json               how attempt n ended (runner -> supervisor)
+        attempt-<n>-result.json        rank 0's final metrics (rank 0 -> runner)
+        attempt-<n>-rank-<r>-error.json  a rank's own error report (rank -> runner)
+        metrics-flushed                the last step whose metric points are stored
+
+Every file here is written whole or not at all (``write_atomic``): a kill at any moment
+leaves the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.artifacts import job_dir
+
+MODEL_FILE = "model.safetensors"
+SPEC_FILE = "spec.json"
+CHECKPOINTS = "checkpoints"
+RUNNER = ".runner"
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The paths of one job's files."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, data_dir: Path, job_id: int) -> JobFiles:
+        return cls(job_dir(data_dir, job_id).resolve())
+
+    @property
+    def model(self) -> Path:
+        return self.root / MODEL_FILE
+
+    @property
+    def spec(self) -> Path:
+        return self.root / SPEC_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def flushed_marker(self) -> Path:
+        return self.root / RUNNER / "metrics-flushed"
+
+    def outcome(self, attempt: int) -> Path:
+        return self.root / RUNNER / f"attempt-{attempt}.json"
+
+    def result(self, attempt: int) -> Path:
+        return self.root / RUNNER / f"attempt-{attempt}-result.json"
+
+    def rank_error(self, attempt: int, rank: int) -> Path:
+        return self.root / RUNNER / f"attempt-{attempt}-rank-{rank}-error.json"
+
+    def rank_errors(self, attempt: int) -> list[Path]:
+        """Every rank's error report of an attempt, lowest rank first."""
+        return sorted((self.root / RUNNER).glob(f"attempt-{attempt}-rank-*-error.json"))
+
+
+def write_atomic(
+    path: Path, data: str | bytes | Callable[[Path], object], *, fsync: bool = False
+) -> None:
+    """Write ``path`` whole or not at all: to a hidden temp file beside it, then rename.
+
+    ``data`` is the text or bytes, or a function that writes a given path (torch.save,
+    safetensors). ``fsync``: also survive a power cut, for files worth the ~ms (weights,
+    checkpoints)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    elif isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        data(tmp)
+    if fsync:
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
