@@ -1,0 +1,109 @@
+"""How an attempt ended: the runner's own report, the supervisor's reason to stop it, and
+the one function that turns both into the store's ``Outcome``."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from service.models import JobStatus
+from service.reasons import ReasonCode
+from service.store import Outcome
+from workers.jobfiles import write_atomic
+
+
+class StopReason(StrEnum):
+    """Why the supervisor stopped an attempt (it then decides the outcome, not the runner)."""
+
+    cancel = "cancel"  # the user cancelled the job
+    timeout = "timeout"  # the attempt ran past the job's timeout_s
+    stalled = "stalled"  # no training step for stall_timeout_s
+    shutdown = "shutdown"  # the worker is stopping; the job goes back to the queue
+    lease_lost = "lease_lost"  # the job may be another worker's: nothing more is written
+
+
+@dataclass(frozen=True)
+class RunnerReport:
+    """What the runner leaves in ``.runner/attempt-<n>.json`` as it exits."""
+
+    ok: bool
+    result: dict[str, float] | None = None  # final metrics, when ok
+    preempted: str | None = None  # where it stopped after a SIGTERM, with a checkpoint
+    error: dict[str, Any] | None = None  # workers.errors.describe() of the failure
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> RunnerReport | None:
+        """The report, or None when the runner died before writing it."""
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def decide(
+    stop: StopReason | None,
+    report: RunnerReport | None,
+    returncode: int,
+    *,
+    timeout_s: int | None,
+    stall_timeout_s: float,
+    worker_id: str,
+) -> Outcome:
+    """The outcome of an attempt whose processes are all gone.
+
+    A stop the supervisor asked for decides it whatever the runner said; then the
+    runner's report; with neither, the runner died (retried: the box may be at fault).
+    """
+    if stop == StopReason.lease_lost:
+        raise ValueError("an attempt whose lease was lost has no outcome to record")
+    if stop == StopReason.cancel:
+        return Outcome(JobStatus.cancelled, ReasonCode.cancelled, "cancelled while running")
+    if stop == StopReason.timeout:
+        return Outcome(
+            JobStatus.failed, ReasonCode.timeout, f"attempt exceeded timeout_s={timeout_s}"
+        )
+    if stop == StopReason.stalled:
+        return Outcome(
+            JobStatus.failed,
+            ReasonCode.stalled,
+            f"no training step for {stall_timeout_s:.0f}s; stopped",
+            retryable=True,
+        )
+    if stop == StopReason.shutdown:
+        return Outcome(
+            JobStatus.queued,
+            ReasonCode.worker_shutdown,
+            f"worker {worker_id} shut down; the job resumes from its last checkpoint",
+        )
+    if report is None:
+        how = (
+            f"killed by {signal.Signals(-returncode).name}"
+            if returncode < 0
+            else f"exited with {returncode}"
+        )
+        return Outcome(
+            JobStatus.failed,
+            ReasonCode.runner_died,
+            f"runner {how} before reporting",
+            retryable=True,
+        )
+    if report.ok:
+        return Outcome(JobStatus.succeeded, ReasonCode.succeeded, "trained", result=report.result)
+    if report.preempted is not None:  # someone sent SIGTERM: it checkpointed and stopped
+        return Outcome(JobStatus.queued, ReasonCode.preempted, f"preempted: {report.preempted}")
+    error = report.error or {}
+    ranks = f" ({error['ranks']})" if error.get("ranks") else ""
+    return Outcome(
+        JobStatus.failed,
+        ReasonCode(error.get("code", ReasonCode.error)),
+        f"{error.get('type')}: {error.get('message')}{ranks}"[:2000],
+        error=error,
+        retryable=bool(error.get("retryable", True)),
+    )
