@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 CHECK = """
 import sys
@@ -26,3 +28,38 @@ def test_the_worker_starts_its_zygote_before_it_imports_torch() -> None:
     check = "import sys, workers.supervisor; assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+HEAVY = ("torch", "numpy", "workers")
+# The composition root: `trainyard worker` starts the supervisor, so it imports workers.
+COMPOSITION_ROOT = "service/cli.py"
+
+
+def _imported_packages(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level package) of every import in a file, at any depth: a function
+    that imports torch is as heavy as a module that does, once it is called."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def test_no_service_module_imports_torch_or_workers_even_inside_a_function() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    offenders = [
+        f"{path.relative_to(repo)}:{line} imports {package}"
+        for path in sorted((repo / "service").rglob("*.py"))
+        if path.relative_to(repo).as_posix() != COMPOSITION_ROOT
+        for line, package in _imported_packages(path)
+        if package in HEAVY
+    ]
+    assert not offenders, offenders
+
+
+def test_the_import_finder_sees_imports_inside_functions(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    import torch.nn\n    from workers import runner\n")
+    assert _imported_packages(source) == [(2, "torch"), (3, "workers")]
