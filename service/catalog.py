@@ -13,18 +13,20 @@ from sqlmodel import Session, col
 
 from service.db import read_session, write_session
 from service.errors import SpecInvalid
+from service.jobspec import check_shape, resolve_accelerator, served_accelerators, strategy_problem
 from service.models import (
+    Accelerator,
     Job,
     JobCreate,
     JobLike,
     JobStatus,
     Reason,
     RecipeRead,
-    Strategy,
     Worker,
     WorkerRead,
     utcnow,
 )
+from service.reasons import WAITING, ReasonCode
 
 # A worker whose heartbeat is older than this is shown as not alive.
 WORKER_ALIVE_S = 30.0
@@ -151,13 +153,13 @@ class CatalogCache:
     def _expired(self, catalog: Catalog) -> bool:
         return time.monotonic() - catalog.read_at > self.ttl_s
 
-    def check(self, engine: Engine, spec: JobCreate) -> tuple[str, str]:
+    def check(self, engine: Engine, spec: JobCreate) -> tuple[ReasonCode, str]:
         """check_spec against the cached catalog; before refusing, or accepting unchecked
         for want of workers, against the catalog as of now (a worker offering the recipe
         may have registered a moment ago)."""
         return self.check_cached(spec) or check_spec(self.get(engine, fresh=True), spec)
 
-    def check_cached(self, spec: JobCreate) -> tuple[str, str] | None:
+    def check_cached(self, spec: JobCreate) -> tuple[ReasonCode, str] | None:
         """``check``'s answer where the cached catalog gives it without a query: a spec it
         accepts, checked against workers it knows. None where ``check`` must ask the
         database (the cache expired, or it would refuse, or it knows no worker)."""
@@ -168,15 +170,15 @@ class CatalogCache:
             reason = check_spec(catalog, spec)
         except SpecInvalid:
             return None
-        return None if reason[0] == "no_worker" else reason
+        return None if reason[0] == ReasonCode.no_worker else reason
 
 
-def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[str, str]:
+def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
     """Refuse a spec no registered worker could run; returns the reason it waits with."""
-    _check_shape(spec)
+    check_shape(spec)
     workers = catalog.workers
     if not workers:
-        return ("no_worker", "no worker has registered yet; the job waits for one")
+        return (ReasonCode.no_worker, "no worker has registered yet; the job waits for one")
     if spec.recipe not in catalog.recipes:
         known = ", ".join(sorted(catalog.recipes)) or "none"
         raise SpecInvalid.at(("recipe",), f"unknown recipe {spec.recipe!r}; known: {known}")
@@ -189,18 +191,20 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[str, str]:
                 for e in errors
             ]
         )
-    cuda = [w for w in workers if w.accelerator == "cuda"]
-    if spec.accelerator == "cuda" and not cuda:
+    cuda = [w for w in workers if w.accelerator == Accelerator.cuda]
+    if spec.accelerator == Accelerator.cuda and not cuda:
         raise SpecInvalid.at(
             ("accelerator",), "no registered worker has CUDA GPUs; use cpu or auto"
         )
-    on_cpu = spec.accelerator == "cpu" or (spec.accelerator == "auto" and not cuda)
-    if spec.strategy == Strategy.dp and spec.devices > 1 and on_cpu:
-        raise SpecInvalid.at(
-            ("strategy",),
-            "dp (DataParallel) needs CUDA devices; on CPU use ddp for more than one device",
-        )
-    eligible = cuda if spec.accelerator == "cuda" else workers
+    # auto resolves on the worker that claims the job: refuse only what no registered
+    # worker could run (a CPU worker that claims auto dp ends it then, as bad_spec)
+    best = Accelerator.cuda if cuda else Accelerator.cpu
+    problem = strategy_problem(
+        spec.strategy, spec.devices, resolve_accelerator(spec.accelerator, best)
+    )
+    if problem is not None:
+        raise SpecInvalid.at(("strategy",), problem)
+    eligible = cuda if spec.accelerator == Accelerator.cuda else workers
     largest = max(eligible, key=lambda w: len(w.devices))
     if spec.devices > len(largest.devices):
         raise SpecInvalid.at(
@@ -208,7 +212,7 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[str, str]:
             f"asks for {spec.devices} devices; the largest worker ({largest.id}) has "
             f"{len(largest.devices)}",
         )
-    return ("queued", f"waiting for a worker with {spec.devices} free device(s)")
+    return (ReasonCode.queued, f"waiting for a worker with {spec.devices} free device(s)")
 
 
 def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
@@ -220,34 +224,21 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
         for w in alive
         if len(w.devices) >= job.devices
         and any(r["name"] == job.recipe for r in w.recipes)
-        and (job.accelerator != "cuda" or w.accelerator == "cuda")
+        and job.accelerator in served_accelerators(w.accelerator)
     ]
+    code: ReasonCode
     if not alive:
-        code, text = "no_worker", "no worker is running; the job waits for one"
+        code, text = ReasonCode.no_worker, "no worker is running; the job waits for one"
     elif not able:
-        code, text = (
-            "no_worker",
-            f"no running worker offers {job.recipe} on {job.devices} device(s)",
-        )
+        code = ReasonCode.no_worker
+        text = f"no running worker offers {job.recipe} on {job.devices} device(s)"
     elif job.run_after is not None and job.run_after > now:
-        code, text = "retry_backoff", f"retrying in {(job.run_after - now).total_seconds():.0f}s"
+        code = ReasonCode.retry_backoff
+        text = f"retrying in {(job.run_after - now).total_seconds():.0f}s"
     else:
         ahead = f"{position - 1} job(s) ahead" if position > 1 else "next in line"
-        code, text = "queued", f"waiting for {job.devices} free device(s); {ahead}"
-    if job.reason_code in (None, "queued", "no_worker", "retry_backoff"):
+        code, text = ReasonCode.queued, f"waiting for {job.devices} free device(s); {ahead}"
+    if job.reason_code is None or job.reason_code in WAITING:
         return Reason(code=code, message=text)
     # requeued: keep why (the failure, the lost worker) and add what it waits for now
     return Reason(code=job.reason_code, message=f"{job.reason_message}; {text}")
-
-
-def _check_shape(spec: JobCreate) -> None:
-    """Rules between fields that hold whatever the workers are."""
-    ddp = spec.strategy == Strategy.ddp or (spec.strategy == Strategy.auto and spec.devices > 1)
-    if ddp and spec.batch_size % spec.devices:
-        raise SpecInvalid.at(
-            ("batch_size",),
-            f"ddp gives each of the {spec.devices} ranks batch_size/devices samples: "
-            f"batch_size must be a multiple of devices (got {spec.batch_size})",
-        )
-    if spec.strategy == Strategy.single and spec.devices != 1:
-        raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")

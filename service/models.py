@@ -142,7 +142,7 @@ class JobCreate(JobBase):
 
 # The predicate of the queue's partial indexes. A query is served by them only if its own
 # text says ``status = 'queued'`` (a bound parameter would not prove it), so the store
-# spells the same literal (``store._queued``).
+# spells the same literal (``service.store.tables.queued``).
 QUEUED_ONLY: dict[str, Any] = {
     f"{dialect}_where": text("status = 'queued'") for dialect in ("sqlite", "postgresql")
 }

@@ -1,4 +1,62 @@
-"""The job store (moved here whole; split into modules next)."""
+"""The job store: every read and write of a job's row, in one module per concern.
 
-from service.store.transitions import *  # noqa: F403
-from service.store.transitions import S, _insert_jobs, _row  # noqa: F401
+- ``transitions``: the state machine (``ALLOWED_FROM``), the fence, and every status
+  change but the claim: cancel, finish, release, requeue with back-off, lost workers.
+- ``claim``: taking the best queued job that fits (its SQL in one place), the
+  attempt's start record and lease renewal.
+- ``submit``: new jobs, idempotency keys, the group-committed INSERT.
+- ``queries``: reading jobs (one, a page, a queued job's place, a worker's).
+- ``telemetry``: progress and metric points, log lines and their bound, the
+  environment record.
+- ``tables``: the Core tables and the queue predicate the partial indexes match.
+
+Callers use the names re-exported here (``store.claim_job``, ``store.Fence``).
+"""
+
+from service.store.claim import Claim, Held, claim_job, pending_count, record_start, renew_lease
+from service.store.queries import (
+    active_jobs_of,
+    get_job,
+    list_jobs,
+    load_job,
+    queue_position,
+    spec_of,
+)
+from service.store.submit import create_job, enqueue_job
+from service.store.telemetry import append_logs, record_environment, report
+from service.store.transitions import (
+    Fence,
+    Outcome,
+    abandon_worker_jobs,
+    cancel_job,
+    expire_leases,
+    finish_attempt,
+    release_attempt,
+)
+
+__all__ = [
+    "Claim",
+    "Fence",
+    "Held",
+    "Outcome",
+    "abandon_worker_jobs",
+    "active_jobs_of",
+    "append_logs",
+    "cancel_job",
+    "claim_job",
+    "create_job",
+    "enqueue_job",
+    "expire_leases",
+    "finish_attempt",
+    "get_job",
+    "list_jobs",
+    "load_job",
+    "pending_count",
+    "queue_position",
+    "record_environment",
+    "record_start",
+    "release_attempt",
+    "renew_lease",
+    "report",
+    "spec_of",
+]

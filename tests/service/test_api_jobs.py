@@ -10,6 +10,8 @@ from sqlalchemy import Engine
 
 from service import store
 from service.models import JobStatus
+from service.points import MetricPoint, ProgressPoint
+from service.reasons import ReasonCode as R
 from service.store import Fence, Outcome
 
 SPEC = {
@@ -121,7 +123,7 @@ def test_cancel_finished_is_409(client: TestClient, add_worker: Any, engine: Eng
     add_worker()
     job = submit(client)
     fence = _claim(engine)
-    store.finish_attempt(engine, fence, Outcome(JobStatus.succeeded, "succeeded", "trained"))
+    store.finish_attempt(engine, fence, Outcome(JobStatus.succeeded, R.succeeded, "trained"))
     r = client.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert r.status_code == 409 and "succeeded" in r.json()["detail"]
 
@@ -133,10 +135,11 @@ def test_metrics_and_logs_read_back_in_order(
     job = submit(client)
     fence = _claim(engine)
     points = [
-        {"name": "train/loss", "step": s, "epoch": 1, "value": 1.0 / s, "time": 0.0}
+        MetricPoint(name="train/loss", step=s, epoch=1, value=1.0 / s, time=0.0)
         for s in (10, 20, 30)
     ]
-    assert store.report(engine, fence, progress={"epoch": 1}, metrics=points)
+    progress = ProgressPoint(epoch=1, epochs=1, step=30, total_steps=30)
+    assert store.report(engine, fence, progress=progress, metrics=points)
     assert store.report(engine, fence, metrics=points[:1])  # a resumed run re-sends a step
     lines = [(0.0, "stdout", "one"), (0.0, "stderr", "two")]
     assert store.append_logs(engine, fence, lines, max_lines=100)

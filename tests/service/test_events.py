@@ -9,9 +9,11 @@ from sqlalchemy import Engine
 
 from service import events, store
 from service.events import read_events
-from service.models import JobCreate
+from service.models import JobCreate, JobStatus
+from service.points import MetricPoint
+from service.reasons import ReasonCode as R
 from service.store import Fence, Outcome
-from tests.service.test_store import CLAIM
+from tests.service.test_store import CLAIM, at_step
 
 
 def _running_job(engine: Engine) -> Fence:
@@ -27,11 +29,11 @@ def test_paged_reads_from_any_point_see_each_event_once_in_order(
     monkeypatch.setattr(events, "PAGE", 4)  # many pages, ending on either kind
     fence = _running_job(engine)
     for step in range(1, 12):
-        point = {"name": "train/loss", "step": step, "epoch": 1, "value": 1 / step, "time": 0.0}
-        assert store.report(engine, fence, progress={"step": step}, metrics=[point])
+        point = MetricPoint(name="train/loss", step=step, epoch=1, value=1 / step, time=0.0)
+        assert store.report(engine, fence, progress=at_step(step), metrics=[point])
         lines = [(0.0, "stdout", f"step {step} line {i}") for i in range(step % 3)]
         assert store.append_logs(engine, fence, lines, max_lines=1000)
-    done = Outcome(store.S.succeeded, "succeeded", "finished")
+    done = Outcome(JobStatus.succeeded, R.succeeded, "finished")
     assert store.finish_attempt(engine, fence, done) is not None
 
     def drain(after: int) -> list[events.Event]:
@@ -52,7 +54,7 @@ def test_paged_reads_from_any_point_see_each_event_once_in_order(
     assert sum(e.kind == "log" for e in history) == sum(s % 3 for s in range(1, 12))
     assert everything[-1].kind == "status" and everything[-1].data["status"] == "succeeded"
     # only the latest progress is state worth sending
-    assert [e.data for e in everything if e.kind == "progress"] == [{"step": 11}]
+    assert [e.data for e in everything if e.kind == "progress"] == [at_step(11).as_dict()]
     for cut in range(len(everything)):  # resuming after any event gives exactly the rest
         rest = drain(everything[cut].id)
         assert [e.id for e in rest] == ids[cut + 1 :]
@@ -89,7 +91,7 @@ def test_an_idle_stream_gets_keep_alives_and_new_events_live(
                 line = [(0.0, "stdout", "live")]
                 await asyncio.to_thread(store.append_logs, engine, fence, line, max_lines=100)
             if len(seen) == 3:
-                done = Outcome(store.S.succeeded, "succeeded", "finished")
+                done = Outcome(JobStatus.succeeded, R.succeeded, "finished")
                 await asyncio.to_thread(store.finish_attempt, engine, fence, done)
         return seen
 

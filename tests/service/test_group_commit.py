@@ -12,6 +12,8 @@ from service import store
 from service.db import read_session, write_session
 from service.group_commit import committer
 from service.models import Job, JobCreate
+from service.reasons import ReasonCode
+from service.store.submit import _insert_jobs, _row
 
 
 def test_concurrent_submits_each_get_their_own_job(engine: Engine) -> None:
@@ -46,8 +48,8 @@ def test_submits_awaited_on_an_event_loop_each_get_their_row(engine: Engine) -> 
 def test_a_submit_cancelled_before_its_batch_is_never_written(engine: Engine) -> None:
     """A request whose client went away before its batch began is dropped; the writer
     carries on with the next."""
-    writer = committer(engine, store._insert_jobs)
-    row = store._row(JobCreate(recipe="r"), ("queued", "waiting"))
+    writer = committer(engine, _insert_jobs)
+    row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"))
     submits = []
     with write_session(engine) as session:  # the write lock, so the writer's batch waits
         if engine.dialect.name == "postgresql":

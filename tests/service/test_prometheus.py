@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from service import store
 from service.catalog import worker_heartbeat
 from service.models import JobStatus
+from service.reasons import ReasonCode as R
 from service.store import Outcome
 from workers import gpu
 
@@ -41,7 +42,7 @@ def test_metrics_count_jobs_workers_and_requests(
     assert job is not None and job.fence.job_id == ids[0]
     store.finish_attempt(
         engine, job.fence,
-        Outcome(JobStatus.succeeded, "succeeded", "trained"),
+        Outcome(JobStatus.succeeded, R.succeeded, "trained"),
     )  # fmt: skip
     client.post(f"/api/v1/jobs/{ids[1]}/cancel")
     client.get("/api/v1/jobs/999")  # a 404, counted under its route

@@ -11,7 +11,10 @@ from sqlalchemy import Engine, event, insert, update
 from service import store
 from service.db import make_engine, read_session, write_session
 from service.models import Job, JobCreate, JobStatus
-from service.store import Fence, Outcome
+from service.points import ProgressPoint
+from service.reasons import ReasonCode as R
+from service.store import Fence, Outcome, transitions
+from service.store import claim as claim_module
 from tests.databases import claim_as_sent
 
 CLAIM = {
@@ -29,9 +32,21 @@ def enqueue(engine: Engine, **spec: Any) -> int:
     return job.id
 
 
+def at_step(step: int) -> ProgressPoint:
+    """Progress as a training loop reports it, at ``step``."""
+    return ProgressPoint(epoch=1, epochs=1, step=step, total_steps=100)
+
+
 def claim(engine: Engine, **overrides: Any) -> Fence | None:
     claimed = store.claim_job(engine, **{**CLAIM, **overrides})
     return claimed.fence if claimed is not None else None
+
+
+def test_the_claim_comes_only_from_the_status_the_state_machine_allows() -> None:
+    """The claim spells where it may come from as the partial indexes' literal rather
+    than reading ALLOWED_FROM: the two must say the same."""
+    assert transitions.ALLOWED_FROM[JobStatus.running] == {JobStatus.queued}
+    assert " AND job.status = 'queued' RETURNING " in str(claim_module._TAKE)
 
 
 def test_claim_order_priority_then_oldest_and_fit(engine: Engine) -> None:
@@ -156,21 +171,22 @@ def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
     assert store.renew_lease(engine, [fence, stale], 30) == {
         fence.job_id: (JobStatus.running, None)
     }
-    assert not store.report(engine, stale, progress={"step": 1})
+    assert not store.report(engine, stale, progress=at_step(1))
     assert not store.append_logs(engine, stale, [(0.0, "stdout", "x")], max_lines=100)
-    assert store.finish_attempt(engine, stale, Outcome(JobStatus.succeeded, "ok", "ok")) is None
-    done = store.finish_attempt(engine, fence, Outcome(JobStatus.succeeded, "succeeded", "trained"))
+    ok = Outcome(JobStatus.succeeded, R.succeeded, "ok")
+    assert store.finish_attempt(engine, stale, ok) is None
+    done = store.finish_attempt(engine, fence, Outcome(JobStatus.succeeded, R.succeeded, "trained"))
     assert done is not None and done.status == JobStatus.succeeded
     assert done.finished_at is not None and done.lease_token is None
     # terminal is final: nothing moves it again
-    assert store.finish_attempt(engine, fence, Outcome(JobStatus.failed, "x", "x")) is None
+    assert store.finish_attempt(engine, fence, Outcome(JobStatus.failed, R.error, "x")) is None
 
 
 def test_retryable_failure_requeues_until_max_attempts(engine: Engine) -> None:
     job_id = enqueue(engine, max_attempts=2)
     fence = claim(engine)
     assert fence is not None
-    failure = Outcome(JobStatus.failed, "error", "boom", retryable=True)
+    failure = Outcome(JobStatus.failed, R.error, "boom", retryable=True)
     again = store.finish_attempt(engine, fence, failure)
     assert again is not None and again.status == JobStatus.queued and again.attempt == 2
     assert again.reason_code == "error" and "retrying" in (again.reason_message or "")
@@ -188,7 +204,7 @@ def test_not_retryable_failure_fails_at_once(engine: Engine) -> None:
     fence = claim(engine)
     assert fence is not None
     done = store.finish_attempt(
-        engine, fence, Outcome(JobStatus.failed, "bad_params", "no", retryable=False)
+        engine, fence, Outcome(JobStatus.failed, R.bad_params, "no", retryable=False)
     )
     assert done is not None and done.status == JobStatus.failed and done.reason_code == "bad_params"
 
@@ -199,7 +215,7 @@ def test_cancel_while_running_then_finish_is_cancelled(engine: Engine) -> None:
     assert fence is not None
     assert store.cancel_job(engine, job_id).status == JobStatus.cancelling
     assert store.renew_lease(engine, [fence], 30) == {job_id: (JobStatus.cancelling, None)}
-    done = store.finish_attempt(engine, fence, Outcome(JobStatus.cancelled, "cancelled", "stopped"))
+    done = store.finish_attempt(engine, fence, Outcome(JobStatus.cancelled, R.cancelled, "stopped"))
     assert done is not None and done.status == JobStatus.cancelled
 
 
@@ -210,7 +226,7 @@ def test_expired_lease_requeues_with_worker_lost(engine: Engine) -> None:
     assert store.expire_leases(engine) == [job_id]
     job = store.load_job(engine, job_id)
     assert job.status == JobStatus.queued and job.attempt == 2 and job.reason_code == "worker_lost"
-    assert not store.report(engine, fence, progress={"step": 1})  # the old owner is fenced out
+    assert not store.report(engine, fence, progress=at_step(1))  # the old owner is fenced out
 
 
 def test_a_job_waiting_past_the_reservation_time_cannot_be_overtaken(engine: Engine) -> None:
@@ -219,7 +235,7 @@ def test_a_job_waiting_past_the_reservation_time_cannot_be_overtaken(engine: Eng
     fits = {"total_devices": 2, "free_devices": 1, "reserve_after_s": 3600.0}
     first = claim(engine, **fits)  # big is young: the small job may run ahead
     assert first is not None and first.job_id == small
-    store.finish_attempt(engine, first, Outcome(JobStatus.succeeded, "succeeded", "trained"))
+    store.finish_attempt(engine, first, Outcome(JobStatus.succeeded, R.succeeded, "trained"))
     late = enqueue(engine)
     starving = {**fits, "reserve_after_s": 0.0}  # now big has waited "long enough"
     assert claim(engine, **starving) is None  # one device free: held for big, not given to late
