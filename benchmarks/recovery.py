@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.common import print_table, save
 from tests.stack import Stack, running_stack, wait_for
-from workers.attempt import group_members
+from workers.procfs import group_members
 
 SLOW = {
     "recipe": "tiny",

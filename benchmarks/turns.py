@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from workers.attempt import stat_fields
+from workers.procfs import stat_fields
 
 Window = tuple[float, float]  # a turn's (start, end), in time.time() seconds
 

@@ -1,4 +1,6 @@
-"""One attempt's runner process group, as the supervisor sees it: start, logs, stop, kill."""
+"""One attempt's runner process group, as the supervisor sees it: its logs, its stop and
+kill, and the state the supervisor keeps about it (lease renewals, steps seen, why it was
+stopped, the wait for its GPUs). How the process is started is ``workers.launch``'s."""
 
 from __future__ import annotations
 
@@ -8,16 +10,18 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from service.artifacts import job_dir
 from service.store import Claim
-from workers.zygote import Zygote, ZygoteProcess
+from workers.jobfiles import JobFiles
+from workers.outcome import StopReason
+from workers.procfs import group_members
+from workers.procfs import stat_fields as stat_fields  # benchmarks/overhead.py reads it here
+from workers.zygote import ZygoteProcess
 
 Process = subprocess.Popen[bytes] | ZygoteProcess
 
@@ -28,12 +32,21 @@ MAX_LINE_CHARS = 8192
 
 
 def outcome_path(data_dir: Path, job_id: int, attempt: int) -> Path:
-    """Where the runner leaves how its attempt ended (read by the supervisor)."""
-    return job_dir(data_dir, job_id) / ".runner" / f"attempt-{attempt}.json"
+    """Where the runner leaves how its attempt ended: ``JobFiles.outcome``, kept under
+    this name only until workers/runner.py (not this module's owner's) stops importing it."""
+    return JobFiles.of(data_dir, job_id).outcome(attempt)
 
 
 class Attempt:
-    """A runner started in a new session, so its pgid names every process of the attempt."""
+    """A runner started in a new session, so its pgid names every process of the attempt.
+
+    Two threads use an attempt: the supervisor's loop (claim, heartbeat, supervise,
+    finish) and the lease watchdog (which may decide at any moment that the lease is
+    lost). ``_state`` guards what both touch: the stop reason, the kill deadline and the
+    last renewal. Without it, a cancel seen by the loop could overwrite a lease_lost the
+    watchdog had just set, and the loop would then write an outcome for a job that is
+    no longer this worker's. The rest is the loop's alone (steps seen, the GPU wait).
+    """
 
     def __init__(
         self,
@@ -43,9 +56,13 @@ class Attempt:
         stdout: IO[bytes],
         stderr: IO[bytes],
         on_exit: Callable[[], None] | None = None,
+        *,
+        claimed_at: float | None = None,
     ) -> None:
         """``on_exit`` is called (from a thread) once both pipes closed: every process of
-        the attempt closed them, usually by exiting (it may not be reapable just yet)."""
+        the attempt closed them, usually by exiting (it may not be reapable just yet).
+        ``claimed_at`` (monotonic) is when the claim was asked for: its lease runs from
+        then."""
         self.fence = claim.fence
         self.job_id = claim.fence.job_id
         self.devices = devices
@@ -53,18 +70,19 @@ class Attempt:
         self.pgid = proc.pid  # start_new_session: the runner leads its own group
         self.started = time.monotonic()
         self.timeout_s = claim.timeout_s
-        self.stop_reason: str | None = None  # cancel|timeout|stalled|shutdown|lease_lost
-        self.ended_noted = False  # the "attempt ended" log line was written
-        self.kill_at: float | None = None
-        self.last_step: int | None = None  # progress watchdog: the step last seen ...
-        self.last_advance = self.started  # ... and when it last moved
-        # When the lease was last extended (the claim started it): the supervisor's lease
-        # watchdog kills the attempt once this is a whole lease ago.
-        self.renewed_at = self.started
         self.pids_seen: set[int] = set()  # every process of the group, for the GPU check
-        self.gpu_wait_since: float | None = None
+        self._state = threading.Lock()  # see the class docstring
+        self._stop_reason: StopReason | None = None
+        self._kill_at: float | None = None
+        # When the lease was last extended (the claim started it): the lease watchdog
+        # kills the attempt once this is a whole lease ago.
+        self._renewed_at = self.started if claimed_at is None else claimed_at
+        self._last_step: int | None = None  # progress watchdog: the step last seen ...
+        self._last_advance = self.started  # ... and when it last moved
+        self._gpu_wait_since: float | None = None
+        self._ended_noted = False  # the "attempt ended" log line was written
         self._lines: list[tuple[float, str, str]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the log lines and open pipes (the pump threads)
         self._on_exit = on_exit
         self._open_pipes = 2
         self._pumps = [
@@ -74,57 +92,18 @@ class Attempt:
         for t in self._pumps:
             t.start()
 
-    @classmethod
-    def start(
-        cls,
-        claim: Claim,
-        devices: list[int],
-        *,
-        accelerator: str,
-        threads: int,
-        env: dict[str, str],
-        zygote: Zygote | None,
-        on_exit: Callable[[], None] | None = None,
-    ) -> Attempt:
-        """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
-        args = [
-            "--job-id", str(claim.fence.job_id),
-            "--attempt", str(claim.fence.attempt),
-            "--lease-token", claim.fence.lease_token,
-            "--accelerator", accelerator,
-            "--threads", str(threads),
-        ]  # fmt: skip
-        env = {
-            **env,
-            "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash
-        }
-        if accelerator == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-        if zygote is None:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "workers.runner", *args],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,  # the runner leads its own process group
-            )
-            assert popen.stdout is not None and popen.stderr is not None
-            return cls(claim, devices, popen, popen.stdout, popen.stderr, on_exit)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            pid = zygote.spawn("workers.runner", args, env, out_w, err_w)
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        process = ZygoteProcess(zygote, pid)
-        return cls(claim, devices, process, open(out_r, "rb"), open(err_r, "rb"), on_exit)  # noqa: SIM115
+    # --- log lines -----------------------------------------------------------------
 
     def note(self, text: str) -> None:
         """Add a line of the supervisor's own to the job's log."""
         with self._lock:
             self._lines.append((time.time(), "system", text))
+
+    def note_ended(self, text: str) -> None:
+        """Note how the attempt ended, once (a finish retried after a database outage)."""
+        if not self._ended_noted:
+            self.note(text)
+            self._ended_noted = True
 
     def take_lines(self) -> list[tuple[float, str, str]]:
         with self._lock:
@@ -155,22 +134,74 @@ class Attempt:
         for t in self._pumps:
             t.join(max(0.0, deadline - time.monotonic()))
 
+    # --- the lease and progress ------------------------------------------------------
+
+    def renewed(self, at: float) -> None:
+        """The lease was extended, as asked at ``at`` (monotonic; it runs from then)."""
+        with self._state:
+            self._renewed_at = at
+
+    def lease_left(self, now: float, lease_s: float) -> float:
+        """Seconds until the lease lapses unless renewed (negative once it has)."""
+        with self._state:
+            return self._renewed_at + lease_s - now
+
+    def lease_lapsed(self, now: float, lease_s: float) -> bool:
+        """True once: the lease was not renewed for a whole lease, so the attempt is
+        marked lease_lost and killed."""
+        with self._state:
+            if self._renewed_at + lease_s >= now or self._stop_reason == StopReason.lease_lost:
+                return False
+        return self.lose_lease(f"not renewed for {lease_s:.0f}s")
+
+    def lose_lease(self, why: str) -> bool:
+        """The job is not (provably) this worker's any more: its runner must not train on,
+        and nothing more is written about it. Overrides any earlier stop reason; False if
+        the lease was already lost."""
+        with self._state:
+            if self._stop_reason == StopReason.lease_lost:
+                return False
+            self._stop_reason = StopReason.lease_lost
+        log.error("job %s: lease lost (%s); killing its runner", self.job_id, why)
+        self.signal(signal.SIGKILL)
+        return True
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.stop_reason == StopReason.lease_lost
+
+    def saw_step(self, step: int | None, now: float) -> float:
+        """Record the step the job last reported; returns how long it has not moved."""
+        if step != self._last_step:
+            self._last_step, self._last_advance = step, now
+        return now - self._last_advance
+
     # --- stopping ----------------------------------------------------------------
 
-    def request_stop(self, reason: str, grace_s: float) -> None:
-        """SIGTERM the whole group now, SIGKILL it after ``grace_s`` (see ``enforce``)."""
-        if self.stop_reason is not None:
-            return
-        self.stop_reason = reason
-        self.kill_at = time.monotonic() + grace_s
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """Why the supervisor stopped the attempt (None: it was not stopped)."""
+        with self._state:
+            return self._stop_reason
+
+    def request_stop(self, reason: StopReason, grace_s: float) -> None:
+        """SIGTERM the whole group now, SIGKILL it after ``grace_s`` (see ``enforce``).
+        The first reason stands: a later one (a shutdown during a cancel) changes nothing."""
+        with self._state:
+            if self._stop_reason is not None:
+                return
+            self._stop_reason = reason
+            self._kill_at = time.monotonic() + grace_s
         log.info("job %s: stopping attempt (%s)", self.job_id, reason)
         self.signal(signal.SIGTERM)
 
     def enforce(self, now: float, grace_s: float) -> None:
         """Apply the timeout and the kill deadline."""
         if self.timeout_s is not None and now - self.started > self.timeout_s:
-            self.request_stop("timeout", grace_s)
-        if self.kill_at is not None and now >= self.kill_at:
+            self.request_stop(StopReason.timeout, grace_s)
+        with self._state:
+            kill_at = self._kill_at
+        if kill_at is not None and now >= kill_at:
             self.signal(signal.SIGKILL)
         if self.proc.poll() is not None and self.alive():
             # The runner is gone but ranks or loader workers of its group are not:
@@ -196,78 +227,32 @@ class Attempt:
     def next_deadline(self) -> float:
         """When ``enforce`` next has something to do (monotonic; inf if never)."""
         deadlines = [math.inf]
-        if self.kill_at is not None:
-            deadlines.append(self.kill_at)
-        if self.timeout_s is not None and self.stop_reason is None:
-            deadlines.append(self.started + self.timeout_s)
+        with self._state:
+            if self._kill_at is not None:
+                deadlines.append(self._kill_at)
+            if self.timeout_s is not None and self._stop_reason is None:
+                deadlines.append(self.started + self.timeout_s)
         return min(deadlines)
 
     def finished(self) -> bool:
         """The runner exited and no process of its group remains."""
         return self.proc.poll() is not None and not self.alive()
 
-
-def kill_leftovers(session_id: int, started_before: float, timeout_s: float) -> int:
-    """SIGKILL what is left of an attempt whose supervisor died; returns how many.
-
-    The runner led its own session, and every rank and loader worker stays in it. Linux
-    does not reuse an id while a process still uses it as a session id, so the members
-    of that session are ours, unless all of them died and the id came back for a new
-    session: such processes started after ``started_before`` (Unix seconds: when the
-    dead supervisor's lease on the job ran or runs out) and are left alone.
-    """
-    pids = [
-        pid for pid in group_members(session_id)
-        if _session_of(pid) == session_id and _start_time(pid) <= started_before
-    ]  # fmt: skip
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout_s
-    while any(pid in group_members(session_id) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return len(pids)
-
-
-def stat_fields(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after "pid (comm)": [0] is state, [1] ppid, [2] pgrp,
-    [3] session; empty if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return []
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def _session_of(pid: int) -> int | None:
-    fields = stat_fields(pid)
-    return int(fields[3]) if fields else None
-
-
-def _start_time(pid: int) -> float:
-    """When a process started, in Unix seconds (inf if it is gone)."""
-    fields = stat_fields(pid)
-    if not fields:
-        return math.inf
-    ticks = int(fields[19])  # field 22 of stat: start time in clock ticks after boot
-    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _boot_time() -> float:
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    raise RuntimeError("no btime in /proc/stat")
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = stat_fields(int(entry.name))
-            if fields and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                members.append(int(entry.name))
-    return members
+    def gpus_released(self, listed: set[int] | None, now: float, grace_s: float) -> bool:
+        """Whether its GPUs may go to the next job, given the pids NVML ``listed`` on them:
+        once none of this attempt's processes is listed (a driver can hold a context a
+        moment past the process's exit), or after ``grace_s`` of waiting, never forever."""
+        holding = (listed or set()) & self.pids_seen
+        if not holding:
+            return True
+        self._gpu_wait_since = self._gpu_wait_since or now
+        if now - self._gpu_wait_since < grace_s:
+            return False
+        log.error(
+            "job %s: NVML still lists pids %s on GPUs %s after %.0fs; releasing them anyway",
+            self.job_id,
+            sorted(holding),
+            self.devices,
+            now - self._gpu_wait_since,
+        )
+        return True

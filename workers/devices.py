@@ -26,8 +26,3 @@ def detect(cpu_slots: int | None = None) -> tuple[str, list[dict[str, Any]]]:
     slots = cpu_slots or os.cpu_count() or 1
     return "cpu", [{"index": i, "kind": "cpu", "name": f"cpu slot {i}"} for i in range(slots)]
 
-
-def threads_per_process(slots_held: int, slots_total: int, processes: int) -> int:
-    """Torch threads for each process of a job: its share of the cores, at least one."""
-    cores = os.cpu_count() or 1
-    return max(1, (cores * slots_held) // (slots_total * max(processes, 1)))

@@ -22,7 +22,7 @@ from safetensors.torch import load
 
 from tests.stack import RECIPES_DIR, REPO, Stack, running_stack, wait_for
 from workers import strategies
-from workers.attempt import group_members
+from workers.procfs import group_members
 from workers.training import MODEL_FILE, RunSpec
 
 pytestmark = pytest.mark.slow

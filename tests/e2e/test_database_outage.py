@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from tests.databases import ADMIN_URL, empty
 from tests.stack import Stack, running_stack, wait_for
-from workers.attempt import group_members
+from workers.procfs import group_members
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load
 
 from tests.stack import Stack, wait_for
-from workers.attempt import group_members
+from workers.procfs import group_members
 from workers.recipes import load_recipes
 from workers.training import evaluate
 

@@ -1,0 +1,150 @@
+"""How runners start: forked from the warm zygote, or as fresh interpreters when there is
+none (turned off, or it cannot get warm here). Owns the zygote, its restarts and the
+count of its deaths, and the environment every runner gets."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from service.settings import Settings
+from service.store import Claim
+from workers.attempt import Attempt
+from workers.zygote import Zygote, ZygoteProcess
+
+log = logging.getLogger(__name__)
+
+# A zygote that died this many times in a row before it was warm, or is not warm after
+# this long, is given up: runners then start as fresh interpreters (slower, but they run).
+ZYGOTE_MAX_COLD_DEATHS = 3
+ZYGOTE_READY_TIMEOUT_S = 120.0
+
+
+class Launcher:
+    """Starts each attempt's runner in a new session; nothing runs until ``open``."""
+
+    def __init__(self, settings: Settings, *, notify: Callable[[], None]) -> None:
+        """``notify`` is called (from a thread) when the zygote is warm, one of its
+        children exits, it dies, or it is given up: the supervisor wakes then."""
+        self.settings = settings
+        self._notify = notify
+        self.zygote: Zygote | None = None
+        self._zygote_started = 0.0
+        self._zygote_deaths = 0  # in a row, before it was warm
+        self._cold_start = not settings.warm_start  # or: the zygote cannot get warm here
+        self._env: dict[str, str] = {}
+
+    def open(self) -> None:
+        """Take the runners' environment from this process's, and start the zygote."""
+        self._env = runner_env(self.settings)
+        self.warm()
+
+    def ready(self) -> bool:
+        """Whether a runner started now starts at once: the zygote is warm, or runners
+        start cold. (Before the zygote is warm a runner would wait seconds for its
+        imports, with its job's lease running.)"""
+        zygote = self.warm()
+        return zygote is None or zygote.ready()
+
+    def warm(self) -> Zygote | None:
+        """The zygote to fork runners from (restarted if it died); None when turned off,
+        or when it cannot get warm here: then runners start as fresh interpreters."""
+        if self._cold_start:
+            return None
+        now = time.monotonic()
+        if self.zygote is not None and self.zygote.alive():
+            if self.zygote.ready() or now - self._zygote_started < ZYGOTE_READY_TIMEOUT_S:
+                return self.zygote
+            self._start_cold(f"zygote not warm after {ZYGOTE_READY_TIMEOUT_S:.0f}s")
+            return None
+        if self.zygote is not None:
+            log.warning("zygote exited with %s; starting a new one", self.zygote.proc.returncode)
+            self._zygote_deaths = 0 if self.zygote.ready() else self._zygote_deaths + 1
+            if self._zygote_deaths >= ZYGOTE_MAX_COLD_DEATHS:
+                self._start_cold(f"zygote died {self._zygote_deaths} times before warm")
+                return None
+        self.zygote = Zygote(self._env, notify=self._notify)
+        self._zygote_started = now
+        return self.zygote
+
+    def _start_cold(self, why: str) -> None:
+        """Give up on the zygote for good: a job must not wait for one that cannot start."""
+        log.error("%s; starting runners as fresh interpreters from now on", why)
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+        self._cold_start = True
+        self._notify()
+
+    def start(
+        self,
+        claim: Claim,
+        devices: list[int],
+        *,
+        accelerator: str,
+        threads: int,
+        claimed_at: float,
+        on_exit: Callable[[], None] | None = None,
+    ) -> Attempt:
+        """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
+        args = [
+            "--job-id", str(claim.fence.job_id),
+            "--attempt", str(claim.fence.attempt),
+            "--lease-token", claim.fence.lease_token,
+            "--accelerator", accelerator,
+            "--threads", str(threads),
+        ]  # fmt: skip
+        env = {
+            **self._env,
+            "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash
+        }
+        if accelerator == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        zygote = None if self._cold_start else self.zygote
+        if zygote is None:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "workers.runner", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # the runner leads its own process group
+            )
+            assert popen.stdout is not None and popen.stderr is not None
+            return Attempt(
+                claim, devices, popen, popen.stdout, popen.stderr, on_exit, claimed_at=claimed_at
+            )
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = zygote.spawn("workers.runner", args, env, out_w, err_w)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        process = ZygoteProcess(zygote, pid)
+        stdout, stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 (the pumps close them)
+        return Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+
+    def close(self) -> None:
+        """Stop the zygote (runners, each in its own session, are not affected)."""
+        if self.zygote is not None:
+            self.zygote.close()
+
+
+def runner_env(settings: Settings) -> dict[str, str]:
+    """The runner reads the same settings as this worker (absolute paths: cwd may differ)."""
+    env = dict(os.environ)
+    env["TRAINYARD_DATABASE_URL"] = settings.database_url
+    env["TRAINYARD_DATA_DIR"] = str(Path(settings.data_dir).resolve())
+    env["TRAINYARD_LEASE_S"] = str(settings.lease_s)  # the runner gives up after as long
+    # torch counts GPUs through NVML then, without initialising CUDA: a runner must
+    # not initialise it before forking its ranks.
+    env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    if settings.recipes_dir is not None:
+        env["TRAINYARD_RECIPES_DIR"] = str(Path(settings.recipes_dir).resolve())
+    return env
