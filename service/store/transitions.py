@@ -262,9 +262,11 @@ def _abandon(engine: Engine, where: list[Any], code: ReasonCode, message: str) -
         query = select(Job).where(col(Job.status).in_(ACTIVE), *where)
         jobs = session.exec(query.with_for_update(skip_locked=True)).scalars().all()
         for job in jobs:
-            common = _lease_ended(code, message.format(worker=job.worker_id))
-            if job.status == S.cancelling:
-                done = _transition(session, job.id, S.cancelled, finished_at=now, **common)
+            why = message.format(worker=job.worker_id)
+            common = _lease_ended(code, why)
+            if job.status == S.cancelling:  # what was asked is done: it no longer runs
+                ended = _lease_ended(ReasonCode.cancelled, f"cancelled while running ({why})")
+                done = _transition(session, job.id, S.cancelled, finished_at=now, **ended)
             elif job.attempt < job.max_attempts:
                 # the worker failed, not the job: no reason to wait before the next attempt
                 done = _requeue(session, job, now, common, back_off=False)

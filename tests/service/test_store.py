@@ -229,6 +229,17 @@ def test_expired_lease_requeues_with_worker_lost(engine: Engine) -> None:
     assert not store.report(engine, fence, progress=at_step(1))  # the old owner is fenced out
 
 
+def test_a_job_lost_while_cancelling_ends_cancelled_and_says_so(engine: Engine) -> None:
+    job_id = enqueue(engine)
+    fence = claim(engine, lease_s=-1.0)  # its worker is already silent
+    assert fence is not None
+    store.cancel_job(engine, job_id)
+    assert store.expire_leases(engine) == [job_id]
+    job = store.load_job(engine, job_id)
+    assert job.status == JobStatus.cancelled and job.reason_code == R.cancelled
+    assert job.reason_message == "cancelled while running (worker w stopped renewing its lease)"
+
+
 def test_a_job_waiting_past_the_reservation_time_cannot_be_overtaken(engine: Engine) -> None:
     big = enqueue(engine, devices=2)
     small = enqueue(engine)
