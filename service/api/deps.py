@@ -23,16 +23,22 @@ from service.catalog import Catalog, CatalogCache
 from service.settings import Settings
 
 
+# app.state is untyped (Starlette's State holds Any): each getter names the type it holds.
+
+
 async def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 async def get_engine(request: Request) -> Engine:
-    return request.app.state.engine
+    engine: Engine = request.app.state.engine
+    return engine
 
 
 async def get_catalogs(request: Request) -> CatalogCache:
-    return request.app.state.catalog
+    catalogs: CatalogCache = request.app.state.catalog
+    return catalogs
 
 
 async def get_catalog(request: Request) -> Catalog:
