@@ -1,7 +1,7 @@
 """The leases on running jobs: their renewal (with the cancel and stall checks it brings
-back), the requeue of jobs whose worker went silent, and the watchdog thread that kills
-an attempt whose lease lapsed, so that a worker that cannot reach the database stops
-training jobs that another worker may be given."""
+back), the requeue of jobs whose worker went silent or restarted (and the kill of what
+its last run left), and the watchdog thread that kills an attempt whose lease lapsed, so
+that a worker that cannot reach the database stops training jobs another may be given."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from service import store
 from service.models import JobStatus
 from workers.attempt import Attempt
 from workers.outcome import StopReason
+from workers.procfs import kill_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,17 @@ class Leases:
                 attempt.request_stop(StopReason.stalled, self.kill_grace_s)
         for job_id in store.expire_leases(self.engine):
             log.warning("job %s: its worker's lease expired; requeued", job_id)
+
+    def recover(self, worker_id: str) -> None:
+        """Kill what a previous run of this worker left behind and requeue its jobs."""
+        for job in store.active_jobs_of(self.engine, worker_id):
+            if job.runner_pgid is not None and job.lease_expires_at is not None:
+                # nothing started after the lease ran out can belong to the attempt
+                expiry = job.lease_expires_at.timestamp()
+                killed = kill_leftovers(job.runner_pgid, expiry, self.kill_grace_s)
+                log.warning("job %s: killed %d process(es) left by a previous run", job.id, killed)
+        for job_id in store.abandon_worker_jobs(self.engine, worker_id):
+            log.warning("job %s: requeued after this worker restarted", job_id)
 
     def start_watchdog(self) -> None:
         """Start the thread that kills attempts whose lease lapsed."""

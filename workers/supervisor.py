@@ -4,7 +4,9 @@ runner per attempt, relays logs, and ends every attempt in the store.
 The loop waits on "new work, the poll timer, or stop", and never blocks on one job:
 kills escalate over ticks (SIGTERM, grace, SIGKILL) while other jobs keep their heartbeats.
 How runners start is ``workers.launch``'s; the leases are ``workers.lease``'s; how an
-attempt ended is ``workers.outcome.decide``'s.
+attempt ended is ``workers.outcome.decide``'s; an attempt's own state is
+``workers.attempt``'s. What stays here (~380 lines) is the loop and each of its steps:
+register, heartbeat, supervise, claim, relay logs, finish, shut down.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from workers.jobfiles import JobFiles
 from workers.launch import Launcher
 from workers.lease import Leases
 from workers.outcome import RunnerReport, StopReason, decide
-from workers.procfs import kill_leftovers
 from workers.recipes import Recipe, load_recipes
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class Supervisor:
         """Work until stopped; with ``drain``, until no job it could run is left."""
         self._open()
         self._register()
-        self._recover()
+        self.leases.recover(self.worker_id)
         log.info(
             "worker %s: %d %s device(s), recipes %s",
             self.worker_id,
@@ -208,17 +209,6 @@ class Supervisor:
                 recipes=[r.describe() for r in self.recipes.values()],
             ),
         )
-
-    def _recover(self) -> None:
-        """Kill what a previous run of this worker left behind and requeue its jobs."""
-        for job in store.active_jobs_of(self.engine, self.worker_id):
-            if job.runner_pgid is not None and job.lease_expires_at is not None:
-                # nothing started after the lease ran out can belong to the attempt
-                expiry = job.lease_expires_at.timestamp()
-                killed = kill_leftovers(job.runner_pgid, expiry, self.settings.kill_grace_s)
-                log.warning("job %s: killed %d process(es) left by a previous run", job.id, killed)
-        for job_id in store.abandon_worker_jobs(self.engine, self.worker_id):
-            log.warning("job %s: requeued after this worker restarted", job_id)
 
     def _sample_devices(self) -> list[dict[str, Any]] | None:
         """GPU utilisation and memory for /metrics, every GPU_SAMPLE_EVERY_S (NVML init

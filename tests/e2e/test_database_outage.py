@@ -56,6 +56,14 @@ def pg_stack(tmp_path: Path, postgres_url: str) -> Iterator[Stack]:
         yield stack
 
 
+def outage_noticed(stack: Stack, worker_id: str = "e2e") -> float:
+    """Wait until the worker found the database gone (it logs that once per outage);
+    returns when (monotonic)."""
+    log = stack.tmp / f"worker-{worker_id}.log"
+    wait_for(lambda: "database unreachable" in log.read_text(), 15, "the worker to notice")
+    return time.monotonic()
+
+
 def running_with_progress(stack: Stack, job_id: int) -> None:
     wait_for(
         lambda: (j := stack.job(job_id))["status"] == "running" and j["progress"], 60, "progress"
@@ -71,7 +79,7 @@ def test_outage_shorter_than_the_lease_costs_the_job_nothing(pg_stack: Stack) ->
         assert r.status_code == 503, r.text
         assert "database is unavailable" in r.json()["detail"] and r.headers["Retry-After"]
         assert pg_stack.http.get(pg_stack.url + "/healthz").status_code == 503
-        time.sleep(3)
+        outage_noticed(pg_stack)  # its heartbeat failed: the job ran on without a renewal
     # the API recovers by itself, and the job was never given up
     wait_for(lambda: pg_stack.http.get(f"/jobs/{job['id']}").status_code == 200, 10, "API")
     done = pg_stack.wait_status(job["id"], {"succeeded", "failed"})
@@ -95,9 +103,12 @@ def test_an_idle_worker_through_a_long_outage_runs_the_next_job_normally(
 ) -> None:
     # A long heartbeat interval: the claim right after the outage comes before the next
     # renewal, as it does when a submit's notification wakes the worker.
-    pg_stack.start_worker(lease_s=3, heartbeat_interval_s=2.5)
+    lease_s = 3
+    pg_stack.start_worker(lease_s=lease_s, heartbeat_interval_s=2.5)
     with database_down(pg_stack.database_url):
-        time.sleep(6)  # two leases with no renewal: nothing was held, nothing to stop
+        # two leases with no renewal, as the worker saw them: nothing was held, nothing to stop
+        noticed = outage_noticed(pg_stack)
+        wait_for(lambda: time.monotonic() > noticed + 2 * lease_s, 10, "two leases of outage")
     job = pg_stack.submit(recipe="tiny", epochs=2, params={"sleep_per_step_s": 0.01})
     done = pg_stack.wait_status(job["id"], {"succeeded", "failed"})
     assert (done["status"], done["attempt"]) == ("succeeded", 1), done
