@@ -71,7 +71,9 @@ class Attempt:
         self.started = time.monotonic()
         self.timeout_s = claim.timeout_s
         self.pids_seen: set[int] = set()  # every process of the group, for the GPU check
-        self._state = threading.Lock()  # see the class docstring
+        # Reentrant: the supervisor's SIGTERM handler (stop -> request_stop) runs in the
+        # loop's thread between two bytecodes, possibly while that thread holds it.
+        self._state = threading.RLock()  # see the class docstring
         self._stop_reason: StopReason | None = None
         self._kill_at: float | None = None
         # When the lease was last extended (the claim started it): the lease watchdog
