@@ -29,9 +29,9 @@ from service.db import make_engine
 from service.migrate import upgrade
 from service.models import JobCreate, JobStatus
 from tests.stack import RECIPES_DIR, running_stack
-from workers import strategies, training
+from workers import strategies
 from workers.reporter import DbReporter
-from workers.training import RunSpec
+from workers.training import RunSpec, progress
 
 EPOCHS = 3
 PARAMS = {"samples": 16384, "width": 8}  # tiny model: thousands of steps per second
@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = [
         measure(every, args.repeats, args.watchers)
-        for every in (1, training.TRAIN_LOSS_EVERY_STEPS)
+        for every in (1, progress.TRAIN_LOSS_EVERY_STEPS)
     ]
     print_table(f"reporting (median of {args.repeats})", rows)
     save("reporting", rows)
@@ -64,7 +64,7 @@ def main() -> None:
 
 def measure(every: int, repeats: int, watchers: int) -> dict[str, Any]:
     """Steps/s with and without reporting, a metric point every ``every`` steps."""
-    training.TRAIN_LOSS_EVERY_STEPS = every
+    progress.TRAIN_LOSS_EVERY_STEPS = every
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         url = f"sqlite:///{tmp / 'r.db'}"

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
+from service.models import Accelerator
 from workers import gpu
+from workers.jobfiles import JobFiles, write_atomic
 from workers.recipes import Recipe
 from workers.training import RunSpec
 
 
 def record(spec: RunSpec, recipe: Recipe, *, worker_id: str | None) -> dict[str, Any]:
     """Resolved spec and seed, software versions, hardware, host, worker, packages, recipe."""
-    cuda = spec.accelerator == "cuda"
+    cuda = spec.accelerator == Accelerator.cuda
     devices = [int(d) for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
     return {
-        "spec": {k: v for k, v in asdict(spec).items() if k not in ("job_dir", "recipes_dir")},
+        "spec": {k: v for k, v in spec.as_dict().items() if k not in ("job_dir", "recipes_dir")},
         "seed": spec.seed,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -37,6 +39,13 @@ def record(spec: RunSpec, recipe: Recipe, *, worker_id: str | None) -> dict[str,
         "recipe": recipe.name,
         "recipe_source_sha256": recipe.source_hash(),
     }
+
+
+def write_spec(files: JobFiles, record: dict[str, Any]) -> None:
+    """The resolved spec and its environment as an artifact: what exactly was trained."""
+    # The spec's fields at the top level (what a rerun needs), the environment beside them.
+    text = json.dumps({**record["spec"], "environment": record}, indent=2, sort_keys=True)
+    write_atomic(files.spec, text)
 
 
 def packages_hash() -> str:

@@ -7,30 +7,32 @@ from typing import Any
 
 import torch
 
+from service.reasons import ReasonCode
+
 TRACEBACK_LINES = 30
 
 
 class NotRetryable(Exception):
     """A failure another attempt cannot fix (bad params, out of memory)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ReasonCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
 def describe(exc: BaseException, rank: int | None = None) -> dict[str, Any]:
     """Type, message, traceback tail, reason code and whether a retry could help."""
-    code, retryable = "error", True
+    code, retryable = ReasonCode.error, True
     if isinstance(exc, NotRetryable):
         code, retryable = exc.code, False
     elif isinstance(exc, torch.OutOfMemoryError):
-        code, retryable = "cuda_oom", False
+        code, retryable = ReasonCode.cuda_oom, False
     tb = "".join(traceback.format_exception(exc)).splitlines()
     return {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": str(exc)[:2000],
         "traceback": tb[-TRACEBACK_LINES:],
         "rank": rank,
-        "code": code,
+        "code": code,  # a StrEnum: JSON holds its value, as before
         "retryable": retryable,
     }

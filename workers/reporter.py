@@ -1,20 +1,31 @@
-"""Moves training events into the database in batches, off the training thread."""
+"""Moves rank 0's points into the database in batches, off the training thread.
+
+Rank 0 owns its reporter in the process it trains in (the runner's own for single and
+dp, its rank process for ddp): ``DbReports`` is what the runner hands down, and rank 0
+opens it there. Every write is fenced by the attempt's lease.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import queue
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
 from service import store
+from service.db import make_engine
+from service.points import MetricPoint, ProgressPoint
+from service.settings import Settings
 from service.store import Fence
+from workers.jobfiles import JobFiles, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +34,7 @@ FLUSH_INTERVAL_S = 0.5
 
 
 class DbReporter:
-    """A queue the training loop puts events on, and a thread that writes them in batches.
+    """A queue the training loop puts points on, and a thread that writes them in batches.
 
     ``put_nowait`` never blocks and never touches the database, so a slow or locked
     database cannot slow a training step; only the latest progress of a batch is written.
@@ -46,12 +57,12 @@ class DbReporter:
         self.lease_s = lease_s
         self._last_stored = time.monotonic()
         self.flush_interval_s = flush_interval_s
-        self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.points: queue.SimpleQueue[MetricPoint | ProgressPoint] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="db-reporter", daemon=True)
 
-    def put_nowait(self, item: Any) -> None:
-        self.events.put_nowait(item)
+    def put_nowait(self, item: MetricPoint | ProgressPoint) -> None:
+        self.points.put_nowait(item)
 
     def start(self) -> DbReporter:
         self._thread.start()
@@ -63,27 +74,27 @@ class DbReporter:
         self._thread.join()
 
     def _loop(self) -> None:
-        progress: dict[str, Any] | None = None
-        metrics: list[dict[str, Any]] = []
+        progress: ProgressPoint | None = None
+        metrics: list[MetricPoint] = []
         done = False
         while not done:
             # Sleep a whole interval, then take everything queued meanwhile. Blocking on
-            # the queue instead would wake this thread once per event, and each wake-up
+            # the queue instead would wake this thread once per point, and each wake-up
             # takes the GIL from the training loop (with a point every step: 0.81x).
             done = self._closing.wait(self.flush_interval_s)
             while True:
                 try:
-                    kind, payload = self.events.get_nowait()
+                    item = self.points.get_nowait()
                 except queue.Empty:
                     break
-                if kind == "progress":
-                    progress = payload  # only the newest matters
-                elif kind == "metric":
-                    metrics.append(payload)
+                if isinstance(item, ProgressPoint):
+                    progress = item  # only the newest matters
+                else:
+                    metrics.append(item)
             if (progress is not None or metrics) and self._write(progress, metrics):
                 progress, metrics = None, []  # else kept, and tried again with the next batch
 
-    def _write(self, progress: dict[str, Any] | None, metrics: list[dict[str, Any]]) -> bool:
+    def _write(self, progress: ProgressPoint | None, metrics: list[MetricPoint]) -> bool:
         """Store a batch; False when it should be tried again."""
         try:
             owned = store.report(self.engine, self.fence, progress=progress, metrics=metrics)
@@ -99,7 +110,7 @@ class DbReporter:
             self._lost()
         elif metrics and self.flushed_marker is not None:
             # Points arrive in step order: everything up to this step is stored now.
-            _write_atomic(self.flushed_marker, str(max(m["step"] for m in metrics)))
+            write_atomic(self.flushed_marker, str(max(m.step for m in metrics)))
         return True
 
     def _lost(self) -> None:
@@ -108,7 +119,35 @@ class DbReporter:
             self.on_lease_lost()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+@dataclass(frozen=True)
+class DbReports:
+    """Rank 0's way to the database, opened in its own process (picklable for spawn).
+
+    The engine is made where it is used: a connection must never cross a fork.
+    """
+
+    settings: Settings
+    fence: Fence
+
+    @contextmanager
+    def open(self) -> Iterator[DbReporter]:
+        """A started reporter; on leaving, what is left is written and the engine closed."""
+        engine = make_engine(self.settings)
+        reporter = DbReporter(
+            engine,
+            self.fence,
+            on_lease_lost=kill_own_group,
+            flushed_marker=JobFiles.of(self.settings.data_dir, self.fence.job_id).flushed_marker,
+            lease_s=self.settings.lease_s,
+        ).start()
+        try:
+            yield reporter
+        finally:
+            reporter.close()
+            engine.dispose()
+
+
+def kill_own_group() -> None:
+    """Another worker owns the job now: nothing this attempt does can count, so stop it all."""
+    log.error("lease lost: stopping every process of this attempt")
+    os.killpg(0, signal.SIGKILL)

@@ -1,14 +1,20 @@
-"""single, dp and ddp: where each rank runs and how ranks meet. The loop is in training.py."""
+"""single, dp and ddp: where each rank runs, how its model is wrapped, how ranks meet.
+
+The loop is in ``workers.training``. Rank 0 reports from the process it trains in: the
+caller's for single and dp, its own for ddp, where it opens its own reporter and leaves
+its result in ``JobFiles.result(attempt)`` for this process to read once every rank is
+gone. Nothing passes between the processes while they train.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import queue
 import signal
 import sys
-import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,11 +22,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from pydantic import BaseModel
+from torch import nn
 
+from service.models import Accelerator, Strategy
 from workers.errors import describe
-from workers.recipes import load_recipes
+from workers.jobfiles import write_atomic
+from workers.outcome import RunnerReport
+from workers.recipes import Recipe, load_recipes
 from workers.stdio import prefix_stdio
-from workers.training import Preempted, RunSpec, Sink, stop_on_sigterm, train
+from workers.training import Preempted, Reports, RunSpec, Sink, stop_on_sigterm, train
 from workers.zygote import RANK_START_ENV
 
 log = logging.getLogger(__name__)
@@ -33,17 +44,62 @@ COLLECTIVE_TIMEOUT_S = 120.0
 RANK_EXIT_GRACE_S = 3.0
 
 
-def run(spec: RunSpec, sink: Sink) -> dict[str, float]:
-    """Train the job with its strategy; returns rank 0's final metrics."""
-    if spec.strategy == "ddp":
-        return _run_ddp(spec, sink)
+def run(
+    spec: RunSpec,
+    reports: Reports | Sink | None = None,
+    *,
+    recipe: Recipe | None = None,
+    params: BaseModel | None = None,
+) -> dict[str, float]:
+    """Train the job with its strategy; returns rank 0's final metrics.
+
+    ``reports``: where rank 0 reports. ``Reports`` (the runner's ``DbReports``) is
+    opened by rank 0 wherever it runs; a plain sink (a queue, in tests) is used as it is
+    where rank 0 runs in this process, and is out of reach of a ddp rank 0 (its points
+    are then dropped). ``recipe``/``params``: loaded and validated once by the caller;
+    without them, loaded here from the spec.
+    """
+    if recipe is None or params is None:
+        recipe, params = load(spec)
+    if spec.strategy == Strategy.ddp:
+        return _run_ddp(spec, recipe, params, reports if isinstance(reports, Reports) else None)
     torch.set_num_threads(spec.threads)
-    device = torch.device("cuda", 0) if spec.accelerator == "cuda" else torch.device("cpu")
+    cuda = spec.accelerator == Accelerator.cuda
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    with _opened(reports) as sink:
+        return train(0, spec, recipe, params, device, sink, wrapper(spec, device))
+
+
+def load(spec: RunSpec) -> tuple[Recipe, BaseModel]:
+    """The spec's recipe, imported anew, and its params (already validated once)."""
     recipe = load_recipes(Path(spec.recipes_dir) if spec.recipes_dir else None)[spec.recipe]
-    return train(0, spec, recipe, device, sink)
+    return recipe, recipe.params.model_validate(spec.params)
 
 
-def _run_ddp(spec: RunSpec, sink: Sink) -> dict[str, float]:
+def wrapper(spec: RunSpec, device: torch.device) -> Callable[[nn.Module], nn.Module]:
+    """How the strategy wraps the (resumed) model: DDP, DataParallel, or not at all."""
+    cuda = device.type == "cuda"
+
+    def wrap(model: nn.Module) -> nn.Module:
+        if spec.strategy == Strategy.ddp:
+            return nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if cuda else None
+            )
+        if spec.strategy == Strategy.dp:
+            # Without CUDA devices DataParallel is a pass-through wrapper around the module.
+            return nn.DataParallel(model, device_ids=list(range(spec.devices)) if cuda else None)
+        return model
+
+    return wrap
+
+
+def _opened(reports: Reports | Sink | None) -> AbstractContextManager[Sink | None]:
+    return reports.open() if isinstance(reports, Reports) else nullcontext(reports)
+
+
+def _run_ddp(
+    spec: RunSpec, recipe: Recipe, params: BaseModel, reports: Reports | None
+) -> dict[str, float]:
     # The runner hosts the rendezvous store on a port the OS picks (port 0): no fixed
     # port, and no window between "find a free port" and "bind it" for a race.
     store = dist.TCPStore(
@@ -57,34 +113,32 @@ def _run_ddp(spec: RunSpec, sink: Sink) -> dict[str, float]:
     # A runner forked from the warm zygote forks its ranks too (torch already imported,
     # CUDA untouched); a runner started as a fresh interpreter spawns them.
     start_method = os.environ.get(RANK_START_ENV, "spawn")
-    ctx = mp.get_context(start_method)
-    events: Any = ctx.Queue()
-    result: dict[str, Any] = {}
-    forwarder = _Forwarder(events, sink, result)
-    forwarder.start()
+    # Forked ranks inherit the recipe and its params as they are. Spawned ranks would
+    # unpickle them, and a recipe file's module (trainyard_recipes_dir.*) exists only in
+    # this process: they import the recipe again by name instead (see ``load``).
+    loaded = (recipe, params) if start_method == "fork" else None
+    context = mp.start_processes(
+        _rank_main,
+        args=(spec, loaded, store.port, reports),
+        nprocs=spec.world_size,
+        join=False,
+        start_method=start_method,
+    )
+    # join raises once any rank fails; the others then get RANK_EXIT_GRACE_S to exit,
+    # SIGTERM, the same again, then SIGKILL (torch's default grace is 30 s each).
     try:
-        context = mp.start_processes(
-            _rank_main,
-            args=(spec, store.port, events),
-            nprocs=spec.world_size,
-            join=False,
-            start_method=start_method,
-        )
-        # join raises once any rank fails; the others then get RANK_EXIT_GRACE_S to exit,
-        # SIGTERM, the same again, then SIGKILL (torch's default grace is 30 s each).
-        try:
-            while not context.join(grace_period=RANK_EXIT_GRACE_S):
-                pass
-        except Exception as exc:
-            # mp.spawn names the first rank it saw fail, often a survivor whose collective
-            # broke; how each rank ended tells who really went first (e.g. a SIGKILL).
-            raise RanksFailed(_how_ranks_ended(context.processes)) from exc
-    finally:
-        events.put(None)
-        forwarder.join()
-    if "preempted" in result:
-        raise Preempted(result["preempted"])
-    return result
+        while not context.join(grace_period=RANK_EXIT_GRACE_S):
+            pass
+    except Exception as exc:
+        # mp.spawn names the first rank it saw fail, often a survivor whose collective
+        # broke; how each rank ended tells who really went first (e.g. a SIGKILL).
+        raise RanksFailed(_how_ranks_ended(context.processes)) from exc
+    report = RunnerReport.read(spec.files.result(spec.attempt))
+    if report is None:
+        raise RanksFailed("every rank exited cleanly, but rank 0 left no result")
+    if report.preempted is not None:
+        raise Preempted(report.preempted)
+    return report.result or {}
 
 
 class RanksFailed(RuntimeError):
@@ -103,41 +157,18 @@ def _how_ranks_ended(processes: list[Any]) -> str:
     return "; ".join(ends)
 
 
-class _Forwarder:
-    """Moves rank 0's events from the spawn queue to the runner's sink, keeping the result."""
-
-    def __init__(self, events: Any, sink: Sink, result: dict[str, Any]) -> None:
-        self.events, self.sink, self.result = events, sink, result
-        self.thread = threading.Thread(target=self._loop, name="rank0-events", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def join(self) -> None:
-        self.thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                item = self.events.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if item is None:
-                return
-            if item[0] == "result":
-                self.result.update(item[1])
-            elif item[0] == "preempted":
-                self.result["preempted"] = item[1]
-            else:
-                self.sink.put_nowait(item)
-
-
-def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
+def _rank_main(
+    rank: int,
+    spec: RunSpec,
+    loaded: tuple[Recipe, BaseModel] | None,
+    port: int,
+    reports: Reports | None,
+) -> None:
     """One DDP rank: join the group, train, meet the others at a barrier, leave."""
     prefix_stdio(f"[rank {rank}] ", spec.job_id)
     stop_on_sigterm()
     torch.set_num_threads(spec.threads)
-    cuda = spec.accelerator == "cuda"
+    cuda = spec.accelerator == Accelerator.cuda
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -158,24 +189,17 @@ def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
     log.info("rank %d of %d joined the %s group", rank, spec.world_size, dist.get_backend())
     clean = False
     try:
-        recipe = load_recipes(Path(spec.recipes_dir) if spec.recipes_dir else None)[spec.recipe]
-        try:
-            result = train(rank, spec, recipe, device, events if rank == 0 else None)
-            if rank == 0:
-                events.put(("result", result))
-        except Preempted as stop:  # every rank stops at the same step, checkpoint written
-            if rank == 0:
-                events.put(("preempted", str(stop)))
+        recipe, params = loaded or load(spec)
+        # Rank 0's reporter is closed (its points written) as this block ends, before
+        # the barrier: nothing is left in it when the rank leaves with os._exit below.
+        with _opened(reports if rank == 0 else None) as sink:
+            _train_rank(rank, spec, recipe, params, device, sink)
         # Every rank reaches this before any tears down: destroying the group while a
         # peer is still in a collective aborts gloo at exit (seen: ~1 run in 10).
         dist.barrier()
         clean = True
     except BaseException as exc:
-        error_path = (
-            Path(spec.job_dir) / ".runner" / f"attempt-{spec.attempt}-rank-{rank}-error.json"
-        )
-        error_path.parent.mkdir(parents=True, exist_ok=True)
-        error_path.write_text(json.dumps(describe(exc, rank)))
+        write_atomic(spec.files.rank_error(spec.attempt, rank), json.dumps(describe(exc, rank)))
         raise
     finally:
         if clean:
@@ -185,9 +209,25 @@ def _rank_main(rank: int, spec: RunSpec, port: int, events: Any) -> None:
     # Leave without the interpreter's teardown. Even after a barrier and a clean
     # destroy_process_group(), a gloo rank still aborted at exit once in CI ("terminate
     # called without an active exception": a C++ thread destroyed while joinable during
-    # finalisation). Everything this rank owes is done: its events are flushed below, its
-    # output above, its checkpoints were os.replace()d. So exit now, with status 0.
-    if rank == 0:
-        events.close()
-        events.join_thread()  # the queue's feeder thread has written everything
+    # finalisation). Everything this rank owes is done: rank 0's points are written and
+    # its result is in its file, its output flushed above, its checkpoints os.replace()d.
+    # So exit now, with status 0.
     os._exit(0)
+
+
+def _train_rank(
+    rank: int,
+    spec: RunSpec,
+    recipe: Recipe,
+    params: BaseModel,
+    device: torch.device,
+    sink: Sink | None,
+) -> None:
+    """Train; rank 0 leaves how it ended (its metrics, or where it stopped) for the runner."""
+    try:
+        result = train(rank, spec, recipe, params, device, sink, wrapper(spec, device))
+        report = RunnerReport(ok=True, result=result)
+    except Preempted as stop:  # every rank stops at the same step, checkpoint written
+        report = RunnerReport(ok=False, preempted=str(stop))
+    if rank == 0:
+        report.write(spec.files.result(spec.attempt))

@@ -8,7 +8,7 @@ from unittest.mock import patch
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from workers.training import _ResumableSampler, batches
+from workers.training import ResumableSampler, batches
 
 
 def _usual(dataset: Dataset[Any], batch_size: int, sampler: Any = None) -> list[Any]:
@@ -31,7 +31,7 @@ def test_a_tensor_dataset_gives_the_usual_batches_bit_for_bit() -> None:
     # Shuffled and sharded for rank 1 of 3 (DistributedSampler pads with repeats).
     for epoch in (0, 1):
         inner = DistributedSampler(data, num_replicas=3, rank=1, shuffle=True, seed=7)
-        resumable = _ResumableSampler(inner)
+        resumable = ResumableSampler(inner)
         resumable.set_epoch(epoch, skip=2 * 32)  # resumed after two batches
         want = _usual(data, 32, resumable)
         resumable.set_epoch(epoch, skip=2 * 32)

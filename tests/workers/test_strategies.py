@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import queue
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from service.points import MetricPoint, ProgressPoint
 from workers import strategies, training
 from workers.recipes import load_recipes
-from workers.training import MODEL_FILE, RunSpec, evaluate
+from workers.training import MODEL_FILE, RunSpec, checkpoint, evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +48,35 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     return float((flat_a - flat_b).norm() / flat_a.norm())
 
 
+@dataclass(frozen=True)
+class PointsFile:
+    """Reports that rank 0 opens wherever it runs (a ddp rank too): points as JSON lines."""
+
+    path: Path
+
+    @contextmanager
+    def open(self) -> Iterator[PointsFile]:
+        yield self
+
+    def put_nowait(self, item: MetricPoint | ProgressPoint) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"kind": type(item).__name__, **item.as_dict()}) + "\n")
+
+    def read(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+
 def test_single_dp_and_ddp_end_with_the_same_weights(tmp_path: Path) -> None:
     results, weights = {}, {}
     for strategy, devices in (("single", 1), ("dp", 1), ("ddp", 2)):
         spec = spec_for(tmp_path, strategy, devices)
-        events: queue.SimpleQueue[object] = queue.SimpleQueue()
-        results[strategy] = strategies.run(spec, events)
+        points = PointsFile(tmp_path / f"{strategy}.jsonl")
+        results[strategy] = strategies.run(spec, points)
         weights[strategy] = load_file(Path(spec.job_dir) / MODEL_FILE)
-        assert not events.empty()  # rank 0 reported progress and metrics
+        # Rank 0 reported progress and metrics from where it ran (its own process for
+        # ddp), and the runner got its result back through the result file.
+        kinds = {p["kind"] for p in points.read()}
+        assert kinds == {"MetricPoint", "ProgressPoint"}, strategy
     assert relative_difference(weights["single"], weights["dp"]) < 1e-4
     assert relative_difference(weights["single"], weights["ddp"]) < 1e-4
     # and they learned something (guards against "equal because nothing trained")
@@ -92,9 +117,8 @@ class StopAtStep:
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def put_nowait(self, item: object) -> None:
-        kind, payload = item  # type: ignore[misc]
-        if kind == "metric" and payload["step"] >= self.step:
+    def put_nowait(self, item: MetricPoint | ProgressPoint) -> None:
+        if isinstance(item, MetricPoint) and item.step >= self.step:
             training.STOP_REQUESTED.set()
 
 
@@ -124,3 +148,20 @@ def test_bf16_trains_under_autocast(tmp_path: Path) -> None:
     assert results["bf16"]["val/accuracy"] > 0.5  # it learned
     # bf16 matmuls round differently: had autocast not been on, the weights would be equal
     assert relative_difference(weights["fp32"], weights["bf16"]) > 1e-4
+
+
+def test_a_checkpoint_keeps_unconfirmed_points_and_resume_rebuilds_them(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, "single", 1, epochs=1)
+    strategies.run(spec, queue.SimpleQueue())  # nothing confirms: every point is unconfirmed
+    (path,) = (Path(spec.job_dir) / "checkpoints").glob("*.pt")
+    state = torch.load(path, weights_only=True)  # plain values only: enums as strings too
+    assert state["spec"]["strategy"] == "single" and type(state["spec"]["strategy"]) is str
+    assert state["metrics"] and all(type(p) is dict for p in state["metrics"])
+    recipe, params = strategies.load(spec)
+    model = recipe.build_model(params)
+    at, points = checkpoint.resume(
+        spec, model, torch.optim.AdamW(model.parameters()), torch.device("cpu"), 0
+    )
+    assert (at.epoch, at.batch, at.step) == (1, 0, 16)
+    assert points == [MetricPoint(**p) for p in state["metrics"]]
+    assert [p.name for p in points][:1] == ["train/loss"] and points[0].step == 10
