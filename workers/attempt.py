@@ -13,11 +13,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import IO
 
 from service.store import Claim
-from workers.jobfiles import JobFiles
 from workers.outcome import StopReason
 from workers.procfs import group_members
 from workers.procfs import stat_fields as stat_fields  # benchmarks/overhead.py reads it here
@@ -29,12 +27,6 @@ log = logging.getLogger(__name__)
 
 # A line longer than this is cut (a progress bar printed without newlines, say).
 MAX_LINE_CHARS = 8192
-
-
-def outcome_path(data_dir: Path, job_id: int, attempt: int) -> Path:
-    """Where the runner leaves how its attempt ended: ``JobFiles.outcome``, kept under
-    this name only until workers/runner.py (not this module's owner's) stops importing it."""
-    return JobFiles.of(data_dir, job_id).outcome(attempt)
 
 
 class Attempt:
