@@ -62,7 +62,10 @@ def run(
     if recipe is None or params is None:
         recipe, params = load(spec)
     if spec.strategy == Strategy.ddp:
-        return _run_ddp(spec, recipe, params, reports if isinstance(reports, Reports) else None)
+        if reports is not None and not isinstance(reports, Reports):
+            log.warning("job %s: ddp's rank 0 cannot reach this sink: no points", spec.job_id)
+            reports = None
+        return _run_ddp(spec, recipe, params, reports)
     torch.set_num_threads(spec.threads)
     cuda = spec.accelerator == Accelerator.cuda
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
