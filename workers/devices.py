@@ -25,4 +25,3 @@ def detect(cpu_slots: int | None = None) -> tuple[str, list[dict[str, Any]]]:
         return "cuda", devices
     slots = cpu_slots or os.cpu_count() or 1
     return "cpu", [{"index": i, "kind": "cpu", "name": f"cpu slot {i}"} for i in range(slots)]
-

@@ -102,8 +102,17 @@ def decide(
     ranks = f" ({error['ranks']})" if error.get("ranks") else ""
     return Outcome(
         JobStatus.failed,
-        ReasonCode(error.get("code", ReasonCode.error)),
+        _reason(error.get("code")),
         f"{error.get('type')}: {error.get('message')}{ranks}"[:2000],
         error=error,
         retryable=bool(error.get("retryable", True)),
     )
+
+
+def _reason(code: str | None) -> ReasonCode:
+    """The code a runner reported; an unknown one (a recipe's own NotRetryable code, a
+    report from another version) is stored as ``error`` rather than stopping the loop."""
+    try:
+        return ReasonCode(str(code))
+    except ValueError:
+        return ReasonCode.error

@@ -22,7 +22,6 @@ from sqlalchemy import Engine
 from service.catalog import Catalog, CatalogCache
 from service.settings import Settings
 
-
 # app.state is untyped (Starlette's State holds Any): each getter names the type it holds.
 
 

@@ -1,0 +1,74 @@
+"""How an attempt ended: the supervisor's stop reasons over the runner's own report."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from service.models import JobStatus
+from service.reasons import ReasonCode
+from workers.outcome import RunnerReport, StopReason, decide
+
+LIMITS = {"timeout_s": 60, "stall_timeout_s": 600.0, "worker_id": "box-1"}
+FAILED = RunnerReport(
+    ok=False, error={"type": "ValueError", "message": "bad", "code": "error", "retryable": True}
+)
+
+
+@pytest.mark.parametrize(
+    ("stop", "status", "code", "retryable"),
+    [
+        (StopReason.cancel, JobStatus.cancelled, ReasonCode.cancelled, False),
+        (StopReason.timeout, JobStatus.failed, ReasonCode.timeout, False),
+        (StopReason.stalled, JobStatus.failed, ReasonCode.stalled, True),
+        (StopReason.shutdown, JobStatus.queued, ReasonCode.worker_shutdown, False),
+    ],
+)
+def test_a_stop_the_supervisor_asked_for_decides_whatever_the_runner_said(
+    stop: StopReason, status: JobStatus, code: ReasonCode, retryable: bool
+) -> None:
+    for report in (None, FAILED, RunnerReport(ok=True, result={"loss": 0.1})):
+        outcome = decide(stop, report, 0, **LIMITS)  # type: ignore[arg-type]
+        assert (outcome.status, outcome.reason_code, outcome.retryable) == (status, code, retryable)
+
+
+def test_a_lost_lease_has_no_outcome_to_write() -> None:
+    with pytest.raises(ValueError, match="lease was lost"):
+        decide(StopReason.lease_lost, None, 0, **LIMITS)  # type: ignore[arg-type]
+
+
+def test_the_runners_report_decides_when_nobody_stopped_it(tmp_path: Path) -> None:
+    path = tmp_path / "attempt-1.json"
+    RunnerReport(ok=True, result={"val/loss": 0.5}).write(path)
+    done = decide(None, RunnerReport.read(path), 0, **LIMITS)  # type: ignore[arg-type]
+    assert (done.status, done.result) == (JobStatus.succeeded, {"val/loss": 0.5})
+    RunnerReport(ok=False, preempted="stopped at epoch 2").write(path)
+    handed_back = decide(None, RunnerReport.read(path), 1, **LIMITS)  # type: ignore[arg-type]
+    assert (handed_back.status, handed_back.reason_code) == (JobStatus.queued, "preempted")
+    failed = decide(None, FAILED, 1, **LIMITS)  # type: ignore[arg-type]
+    assert (failed.status, failed.reason_code, failed.retryable) == (
+        JobStatus.failed,
+        ReasonCode.error,
+        True,
+    )
+    assert failed.reason_message == "ValueError: bad"
+
+
+def test_a_runner_that_left_no_report_died_and_is_retried(tmp_path: Path) -> None:
+    assert RunnerReport.read(tmp_path / "missing.json") is None
+    (tmp_path / "half.json").write_text('{"ok": tr')
+    assert RunnerReport.read(tmp_path / "half.json") is None
+    died = decide(None, None, -signal.SIGKILL, **LIMITS)  # type: ignore[arg-type]
+    assert (died.reason_code, died.retryable) == (ReasonCode.runner_died, True)
+    assert died.reason_message == "runner killed by SIGKILL before reporting"
+
+
+def test_an_unknown_reason_code_from_a_runner_is_stored_as_error() -> None:
+    # A recipe may raise NotRetryable with a code of its own: the loop must not crash on it.
+    report = RunnerReport(
+        ok=False, error={"type": "E", "message": "m", "code": "my_code", "retryable": False}
+    )
+    outcome = decide(None, report, 1, **LIMITS)  # type: ignore[arg-type]
+    assert (outcome.reason_code, outcome.retryable) == (ReasonCode.error, False)
