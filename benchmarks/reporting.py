@@ -31,7 +31,7 @@ from service.models import JobCreate, JobStatus
 from tests.stack import RECIPES_DIR, running_stack
 from workers import strategies
 from workers.reporter import DbReporter
-from workers.training import RunSpec, progress
+from workers.training import InProcess, RunSpec, progress
 
 EPOCHS = 3
 PARAMS = {"samples": 16384, "width": 8}  # tiny model: thousands of steps per second
@@ -45,7 +45,7 @@ def timed_run(tmp: Path, sink: Any, tag: str) -> float:
         recipes_dir=str(RECIPES_DIR), threads=1,
     )  # fmt: skip
     start = time.perf_counter()
-    strategies.run(spec, sink)
+    strategies.run(spec, InProcess(sink))
     return EPOCHS * PARAMS["samples"] / 16 / (time.perf_counter() - start)
 
 

@@ -46,25 +46,20 @@ RANK_EXIT_GRACE_S = 3.0
 
 def run(
     spec: RunSpec,
-    reports: Reports | Sink | None = None,
+    reports: Reports | None = None,
     *,
     recipe: Recipe | None = None,
     params: BaseModel | None = None,
 ) -> dict[str, float]:
     """Train the job with its strategy; returns rank 0's final metrics.
 
-    ``reports``: where rank 0 reports. ``Reports`` (the runner's ``DbReports``) is
-    opened by rank 0 wherever it runs; a plain sink (a queue, in tests) is used as it is
-    where rank 0 runs in this process, and is out of reach of a ddp rank 0 (its points
-    are then dropped). ``recipe``/``params``: loaded and validated once by the caller;
-    without them, loaded here from the spec.
+    ``reports``: where rank 0 reports, opened by rank 0 in the process it trains in (its
+    own for ddp); None: nowhere. ``recipe``/``params``: loaded and validated once by the
+    caller; without them, loaded here from the spec.
     """
     if recipe is None or params is None:
         recipe, params = load(spec)
     if spec.strategy == Strategy.ddp:
-        if reports is not None and not isinstance(reports, Reports):
-            log.warning("job %s: ddp's rank 0 cannot reach this sink: no points", spec.job_id)
-            reports = None
         return _run_ddp(spec, recipe, params, reports)
     torch.set_num_threads(spec.threads)
     cuda = spec.accelerator == Accelerator.cuda
@@ -96,8 +91,8 @@ def wrapper(spec: RunSpec, device: torch.device) -> Callable[[nn.Module], nn.Mod
     return wrap
 
 
-def _opened(reports: Reports | Sink | None) -> AbstractContextManager[Sink | None]:
-    return reports.open() if isinstance(reports, Reports) else nullcontext(reports)
+def _opened(reports: Reports | None) -> AbstractContextManager[Sink | None]:
+    return nullcontext() if reports is None else reports.open()
 
 
 def _run_ddp(

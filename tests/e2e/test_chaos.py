@@ -6,7 +6,6 @@ import contextlib
 import functools
 import json
 import os
-import queue
 import signal
 import sqlite3
 import subprocess
@@ -82,7 +81,7 @@ def reference_weights(stack: Stack, job_id: int) -> dict[str, torch.Tensor]:
 def _trained(spec_json: str) -> dict[str, torch.Tensor]:
     with tempfile.TemporaryDirectory() as job_dir:
         run = RunSpec(**json.loads(spec_json), job_dir=job_dir, recipes_dir=str(RECIPES_DIR))
-        strategies.run(run, queue.SimpleQueue())
+        strategies.run(run)
         return load((Path(job_dir) / MODEL_FILE).read_bytes())
 
 

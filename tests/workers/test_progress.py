@@ -13,7 +13,7 @@ from service.models import Accelerator, Optimizer, Precision, Strategy
 from service.points import MetricPoint, ProgressPoint
 from workers import strategies
 from workers.recipes import load_recipes
-from workers.training import RunSpec
+from workers.training import InProcess, RunSpec
 
 BATCH = 32
 VALIDATION_S = 0.3  # an epoch's training takes a few tens of ms: validation dwarfs it
@@ -60,7 +60,7 @@ def test_samples_per_s_is_the_training_speed_whatever_validation_costs(tmp_path:
     points = Points()
     step_times.append([])
     params = recipe.params.model_validate(spec.params)
-    strategies.run(spec, points, recipe=recipe, params=params)
+    strategies.run(spec, InProcess(points), recipe=recipe, params=params)
 
     # The training speed, measured here: the time from one step to the next in an epoch.
     gaps = [b - a for epoch in step_times for a, b in zip(epoch, epoch[1:], strict=False)]

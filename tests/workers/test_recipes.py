@@ -52,7 +52,6 @@ def test_a_recipe_file_in_the_directory_is_loaded(tmp_path: Path) -> None:
 
 
 def test_the_readme_example_recipe_trains(tmp_path: Path) -> None:
-    import queue
 
     from workers import strategies
     from workers.training import RunSpec
@@ -76,5 +75,5 @@ def test_the_readme_example_recipe_trains(tmp_path: Path) -> None:
         job_dir=str(tmp_path),
         recipes_dir=str(recipes_dir),
     )
-    result = strategies.run(spec, queue.SimpleQueue())
+    result = strategies.run(spec)
     assert result["val/loss"] < 0.1 and "val/max_abs_error" in result

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import queue
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -16,7 +15,7 @@ from safetensors.torch import load_file
 from service.points import MetricPoint, ProgressPoint
 from workers import strategies, training
 from workers.recipes import load_recipes
-from workers.training import MODEL_FILE, RunSpec, checkpoint, evaluate
+from workers.training import MODEL_FILE, InProcess, RunSpec, checkpoint, evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +86,7 @@ def test_single_dp_and_ddp_end_with_the_same_weights(tmp_path: Path) -> None:
 
 def test_saved_model_reproduces_the_reported_val_loss(tmp_path: Path) -> None:
     spec = spec_for(tmp_path, "single", 1, recipe="mlp-regression", params={"train_samples": 256})
-    result = strategies.run(spec, queue.SimpleQueue())
+    result = strategies.run(spec)
     recipe = load_recipes()["mlp-regression"]
     params = recipe.params.model_validate(spec.params)
     model = recipe.build_model(params)
@@ -100,12 +99,12 @@ def test_saved_model_reproduces_the_reported_val_loss(tmp_path: Path) -> None:
 
 def test_resume_from_checkpoint_ends_with_the_same_weights(tmp_path: Path) -> None:
     whole = spec_for(tmp_path, "single", 1)
-    strategies.run(whole, queue.SimpleQueue())
+    strategies.run(whole)
     # train 2 of 3 epochs, then "restart" with epochs=3: it resumes from epoch 2's checkpoint
     split = spec_for(tmp_path, "single", 1, job_dir=str(tmp_path / "split"), epochs=2)
-    strategies.run(split, queue.SimpleQueue())
+    strategies.run(split)
     resumed = replace(split, epochs=3)
-    strategies.run(resumed, queue.SimpleQueue())
+    strategies.run(resumed)
     a = load_file(Path(whole.job_dir) / MODEL_FILE)
     b = load_file(Path(resumed.job_dir) / MODEL_FILE)
     assert relative_difference(a, b) < 1e-6
@@ -124,15 +123,15 @@ class StopAtStep:
 
 def test_preempted_mid_epoch_resumes_at_that_batch_with_the_same_weights(tmp_path: Path) -> None:
     whole = spec_for(tmp_path, "single", 1)
-    strategies.run(whole, queue.SimpleQueue())
+    strategies.run(whole)
     split = spec_for(tmp_path, "single", 1, job_dir=str(tmp_path / "split"))
     try:
         with pytest.raises(training.Preempted, match="epoch 2, batch 4"):
-            strategies.run(split, StopAtStep(20))  # 16 steps per epoch: stops in epoch 2
+            strategies.run(split, InProcess(StopAtStep(20)))  # 16 steps per epoch: stops in epoch 2
     finally:
         training.STOP_REQUESTED.clear()
     (ckpt,) = [p.name for p in (Path(split.job_dir) / "checkpoints").glob("*batch-00000004.pt")]
-    result = strategies.run(split, queue.SimpleQueue())
+    result = strategies.run(split)
     a = load_file(Path(whole.job_dir) / MODEL_FILE)
     b = load_file(Path(split.job_dir) / MODEL_FILE)
     assert relative_difference(a, b) < 1e-6, ckpt
@@ -143,7 +142,7 @@ def test_bf16_trains_under_autocast(tmp_path: Path) -> None:
     # Only bf16 steps run inside an autocast context (fp32 steps skip it: it costs time).
     fp32 = spec_for(tmp_path, "single", 1, job_dir=str(tmp_path / "fp32"))
     bf16 = replace(fp32, precision="bf16", job_dir=str(tmp_path / "bf16"))
-    results = {s.precision: strategies.run(s, queue.SimpleQueue()) for s in (fp32, bf16)}
+    results = {s.precision: strategies.run(s) for s in (fp32, bf16)}
     weights = {s.precision: load_file(Path(s.job_dir) / MODEL_FILE) for s in (fp32, bf16)}
     assert results["bf16"]["val/accuracy"] > 0.5  # it learned
     # bf16 matmuls round differently: had autocast not been on, the weights would be equal
@@ -152,7 +151,7 @@ def test_bf16_trains_under_autocast(tmp_path: Path) -> None:
 
 def test_a_checkpoint_keeps_unconfirmed_points_and_resume_rebuilds_them(tmp_path: Path) -> None:
     spec = spec_for(tmp_path, "single", 1, epochs=1)
-    strategies.run(spec, queue.SimpleQueue())  # nothing confirms: every point is unconfirmed
+    strategies.run(spec)  # nothing confirms: every point is unconfirmed
     (path,) = (Path(spec.job_dir) / "checkpoints").glob("*.pt")
     state = torch.load(path, weights_only=True)  # plain values only: enums as strings too
     assert state["spec"]["strategy"] == "single" and type(state["spec"]["strategy"]) is str

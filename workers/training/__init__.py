@@ -19,13 +19,14 @@ from workers.training.loop import (
     stop_on_sigterm,
     train,
 )
-from workers.training.progress import Reports, Sink
+from workers.training.progress import InProcess, Reports, Sink
 from workers.training.spec import RunSpec, resolve
 
 __all__ = [
     "MODEL_FILE",
     "STOP_REQUESTED",
     "Preempted",
+    "InProcess",
     "Reports",
     "ResumableSampler",
     "RunSpec",

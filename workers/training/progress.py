@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -43,6 +44,17 @@ class Reports(Protocol):
     """
 
     def open(self) -> AbstractContextManager[Sink]: ...
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """Reports to a sink in this very process: where rank 0 trains here (single and dp,
+    in tests and benchmarks). A ddp rank 0 has a process of its own and would fill a copy."""
+
+    sink: Sink
+
+    def open(self) -> AbstractContextManager[Sink]:
+        return nullcontext(self.sink)
 
 
 class Progress:
