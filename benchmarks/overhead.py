@@ -37,7 +37,7 @@ from typing import Any
 from benchmarks.common import print_table, save
 from benchmarks.turns import Group, cpu_seconds, descendants, progress_in_windows, take_turns
 from tests.stack import REPO, Stack, running_stack
-from workers.attempt import stat_fields
+from workers.procfs import stat_fields
 
 EPOCHS, BATCH, HIDDEN, LAYERS, SAMPLES = 5, 256, 256, 3, 65536
 # Epochs for the steady state: ~45 rounds of turns past the first epoch on a fast day

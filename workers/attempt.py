@@ -18,7 +18,6 @@ from typing import IO
 from service.store import Claim
 from workers.outcome import StopReason
 from workers.procfs import group_members
-from workers.procfs import stat_fields as stat_fields  # benchmarks/overhead.py reads it here
 from workers.zygote import ZygoteProcess
 
 Process = subprocess.Popen[bytes] | ZygoteProcess
@@ -143,10 +142,12 @@ class Attempt:
     def lease_lapsed(self, now: float, lease_s: float) -> bool:
         """True once: the lease was not renewed for a whole lease, so the attempt is
         marked lease_lost and killed."""
+        # Checked and marked under one hold of the lock: a renewal the loop records in
+        # between would otherwise not save the attempt from the kill.
         with self._state:
-            if self._renewed_at + lease_s >= now or self._stop_reason == StopReason.lease_lost:
+            if self._renewed_at + lease_s >= now:
                 return False
-        return self.lose_lease(f"not renewed for {lease_s:.0f}s")
+            return self.lose_lease(f"not renewed for {lease_s:.0f}s")
 
     def lose_lease(self, why: str) -> bool:
         """The job is not (provably) this worker's any more: its runner must not train on,

@@ -63,6 +63,11 @@ class JobFiles:
     def rank_error(self, attempt: int, rank: int) -> Path:
         return self.root / RUNNER / f"attempt-{attempt}-rank-{rank}-error.json"
 
+    def clear_attempt(self, attempt: int) -> None:
+        """Remove the hand-offs an earlier run of this attempt number left behind."""
+        for path in (self.outcome(attempt), self.result(attempt), *self.rank_errors(attempt)):
+            path.unlink(missing_ok=True)
+
     def rank_errors(self, attempt: int) -> list[Path]:
         """Every rank's error report of an attempt, lowest rank first."""
         return sorted((self.root / RUNNER).glob(f"attempt-{attempt}-rank-*-error.json"))

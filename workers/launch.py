@@ -15,6 +15,7 @@ from pathlib import Path
 from service.settings import Settings
 from service.store import Claim
 from workers.attempt import Attempt
+from workers.jobfiles import JobFiles
 from workers.zygote import Zygote, ZygoteProcess
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ class Launcher:
         on_exit: Callable[[], None] | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
+        # A job handed back keeps its attempt number: what its last run left must not
+        # speak for this one (a stale "preempted" would hand a crashed runner back again).
+        JobFiles.of(self.settings.data_dir, claim.fence.job_id).clear_attempt(claim.fence.attempt)
         args = [
             "--job-id", str(claim.fence.job_id),
             "--attempt", str(claim.fence.attempt),

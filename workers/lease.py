@@ -76,6 +76,7 @@ class Leases:
 
     def start_watchdog(self) -> None:
         """Start the thread that kills attempts whose lease lapsed."""
+        self._stop = threading.Event()  # a fresh one: a supervisor may run more than once
         self._watchdog = threading.Thread(target=self._watch, name="lease-watchdog", daemon=True)
         self._watchdog.start()
 

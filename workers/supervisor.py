@@ -114,9 +114,14 @@ class Supervisor:
 
     def run(self, *, drain: bool = False) -> None:
         """Work until stopped; with ``drain``, until no job it could run is left."""
-        self._open()
-        self._register()
-        self.leases.recover(self.worker_id)
+        try:
+            self._open()
+            self._register()
+            self.leases.recover(self.worker_id)
+        except BaseException:
+            self.launcher.close()  # the zygote must not outlive a worker that never started
+            self.engine.dispose()
+            raise
         log.info(
             "worker %s: %d %s device(s), recipes %s",
             self.worker_id,
@@ -183,7 +188,7 @@ class Supervisor:
         self._stopping = True
         self._stop_now = self._stop_now or now
         grace_s = 0.0 if self._stop_now else self.settings.kill_grace_s
-        for attempt in self.attempts.values():
+        for attempt in list(self.attempts.values()):  # may run beside the loop (a signal)
             # SIGTERM asks the job to checkpoint where it is; it resumes there later.
             attempt.request_stop(StopReason.shutdown, grace_s)
             if self._stop_now:
@@ -334,14 +339,16 @@ class Supervisor:
     def _finish(self, attempt: Attempt) -> bool:
         """Record how an attempt ended, after its last process and log line are gone."""
         attempt.join_pumps()
-        if attempt.lease_lost:
+        # Read once: the lease watchdog may mark the lease lost at any moment.
+        stop = attempt.stop_reason
+        if stop == StopReason.lease_lost:
             return True  # the job is another worker's now; we may not write about it
         fence = attempt.fence
         report = RunnerReport.read(
             JobFiles.of(self.settings.data_dir, fence.job_id).outcome(fence.attempt)
         )
         outcome = decide(
-            attempt.stop_reason,
+            stop,
             report,
             attempt.proc.returncode or 0,  # set: finished() saw it exit
             timeout_s=attempt.timeout_s,

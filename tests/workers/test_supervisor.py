@@ -20,6 +20,8 @@ from service.migrate import upgrade
 from service.models import Job, JobCreate
 from service.settings import Settings
 from tests.stack import RECIPES_DIR, REPO, wait_for
+from workers.jobfiles import JobFiles
+from workers.outcome import RunnerReport
 from workers.procfs import group_members
 from workers.supervisor import Supervisor
 
@@ -156,6 +158,10 @@ def test_a_runner_that_dies_without_a_report_is_retried(
     settings: Settings, engine: Engine, tmp_path: Path
 ) -> None:
     job_id = submit(engine, recipe="dies_once", params={"marker": str(tmp_path / "died")})
+    # What an earlier run of attempt 1 left when it was handed back (a job keeps its
+    # attempt number then): it must not speak for the run that dies.
+    stale = JobFiles.of(settings.data_dir, job_id).outcome(1)
+    RunnerReport(ok=False, preempted="stopped at epoch 1, batch 3, step 3").write(stale)
     Supervisor(settings, worker_id="t").run(drain=True)  # drains after the retry back-off
     job = store.load_job(engine, job_id)
     assert (job.status, job.attempt) == ("succeeded", 2)

@@ -2,9 +2,9 @@
 
 The speed it reports (``samples_per_s``, and ``eta_s`` from it) is the speed the job
 *trains* at: measured on a clock that stops while the epoch-end work runs (the loss
-all-reduce, validation, the checkpoint), over the last few seconds of training steps.
-An epoch-end rate that counted validation once read 5,489 samples/s for a job training
-at ~24,000.
+all-reduce, validation, the checkpoint), over the last few seconds of training steps. A
+rate that counted validation would show a fraction of the real speed at every epoch's
+end, and an ETA that jumps.
 """
 
 from __future__ import annotations
