@@ -191,20 +191,20 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
                 for e in errors
             ]
         )
-    cuda = [w for w in workers if w.accelerator == Accelerator.cuda]
-    if spec.accelerator == Accelerator.cuda and not cuda:
+    eligible = [w for w in workers if spec.accelerator in served_accelerators(w.accelerator)]
+    if not eligible:  # every worker serves cpu and auto: only cuda can find none
         raise SpecInvalid.at(
             ("accelerator",), "no registered worker has CUDA GPUs; use cpu or auto"
         )
     # auto resolves on the worker that claims the job: refuse only what no registered
     # worker could run (a CPU worker that claims auto dp ends it then, as bad_spec)
-    best = Accelerator.cuda if cuda else Accelerator.cpu
+    gpus = any(w.accelerator == Accelerator.cuda for w in workers)
+    best = Accelerator.cuda if gpus else Accelerator.cpu
     problem = strategy_problem(
         spec.strategy, spec.devices, resolve_accelerator(spec.accelerator, best)
     )
     if problem is not None:
         raise SpecInvalid.at(("strategy",), problem)
-    eligible = cuda if spec.accelerator == Accelerator.cuda else workers
     largest = max(eligible, key=lambda w: len(w.devices))
     if spec.devices > len(largest.devices):
         raise SpecInvalid.at(
@@ -232,8 +232,8 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
     elif not able:
         code = ReasonCode.no_worker
         text = f"no running worker offers {job.recipe} on {job.devices} device(s)"
-    elif job.run_after is not None and job.run_after > now:
-        code = ReasonCode.retry_backoff
+    elif job.run_after is not None and job.run_after > now:  # a requeue: shown after its why
+        code = ReasonCode.queued
         text = f"retrying in {(job.run_after - now).total_seconds():.0f}s"
     else:
         ahead = f"{position - 1} job(s) ahead" if position > 1 else "next in line"

@@ -21,7 +21,14 @@ class MetricPoint:
     time: float  # Unix seconds
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Spelled out: asdict() copies recursively, and this runs for every point stored.
+        return {
+            "name": self.name,
+            "step": self.step,
+            "epoch": self.epoch,
+            "value": self.value,
+            "time": self.time,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ class ReasonCode(StrEnum):
     # waiting
     queued = "queued"  # waiting for free devices; nothing went wrong
     no_worker = "no_worker"  # no registered (or running) worker can run it
-    retry_backoff = "retry_backoff"  # an attempt failed; the next waits out a back-off
     # running
     running = "running"  # a worker claimed it and its runner trains
     cancelling = "cancelling"  # cancel asked; the worker is stopping it
@@ -38,4 +37,4 @@ class ReasonCode(StrEnum):
 
 # Codes a queued job shows as they are; any other code on a queued job says why it was
 # requeued, and the reason adds what it waits for now.
-WAITING = frozenset({ReasonCode.queued, ReasonCode.no_worker, ReasonCode.retry_backoff})
+WAITING = frozenset({ReasonCode.queued, ReasonCode.no_worker})

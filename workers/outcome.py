@@ -83,11 +83,7 @@ def decide(
             f"worker {worker_id} shut down; the job resumes from its last checkpoint",
         )
     if report is None:
-        how = (
-            f"killed by {signal.Signals(-returncode).name}"
-            if returncode < 0
-            else f"exited with {returncode}"
-        )
+        how = how_it_ended(returncode)
         return Outcome(
             JobStatus.failed,
             ReasonCode.runner_died,
@@ -116,3 +112,13 @@ def _reason(code: str | None) -> ReasonCode:
         return ReasonCode(str(code))
     except ValueError:
         return ReasonCode.error
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """ "exited with 1", "killed by SIGKILL" (subprocess's convention: -N is signal N)."""
+    if returncode is None or returncode >= 0:
+        return f"exited with {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:  # a real-time signal has no name
+        return f"killed by signal {-returncode}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -28,7 +27,7 @@ from torch import nn
 from service.models import Accelerator, Strategy
 from workers.errors import describe
 from workers.jobfiles import write_atomic
-from workers.outcome import RunnerReport
+from workers.outcome import RunnerReport, how_it_ended
 from workers.recipes import Recipe, load_recipes
 from workers.stdio import prefix_stdio
 from workers.training import Preempted, Reports, RunSpec, Sink, stop_on_sigterm, train
@@ -146,11 +145,7 @@ class RanksFailed(RuntimeError):
 def _how_ranks_ended(processes: list[Any]) -> str:
     ends = []
     for rank, proc in enumerate(processes):
-        code = proc.exitcode
-        if code is not None and code < 0:
-            ends.append(f"rank {rank} killed by {signal.Signals(-code).name}")
-        else:
-            ends.append(f"rank {rank} exited with {code}")
+        ends.append(f"rank {rank} {how_it_ended(proc.exitcode)}")
         # Ranks SIGTERMed by mp.spawn after the first failure show up here too.
     return "; ".join(ends)
 

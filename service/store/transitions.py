@@ -3,7 +3,9 @@
 Every transition is a conditional UPDATE whose WHERE clause names the statuses it may
 come from (``ALLOWED_FROM``) and, for writes by a worker, the fence
 ``(job id, attempt, lease token)``. A write whose condition no longer holds changes
-nothing and reports so; nothing is read, decided in Python, then written back.
+nothing and reports so. Where the next status depends on the row (finish, cancel, a lost
+worker's jobs), the row is read under its lock (FOR UPDATE; SQLite's IMMEDIATE
+transaction), so nothing can change between the decision and the write.
 
 The one status write outside this module is the claim (queued -> running), a prebuilt
 statement in ``service.store.claim`` so that its SQL stays in one place.
@@ -33,7 +35,7 @@ ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
     S.cancelling: frozenset({S.running}),  # cancel while a worker trains it
     S.queued: frozenset({S.running}),  # retry, or the worker was lost
     S.succeeded: frozenset({S.running, S.cancelling}),  # finished before the cancel landed
-    S.failed: frozenset({S.running, S.cancelling}),
+    S.failed: frozenset({S.running}),  # a cancelling job ends cancelled, however it ends
     S.cancelled: frozenset({S.queued, S.cancelling}),
 }
 ACTIVE = (S.running, S.cancelling)

@@ -21,8 +21,9 @@ from safetensors.torch import load
 
 from tests.stack import RECIPES_DIR, REPO, Stack, running_stack, wait_for
 from workers import strategies
+from workers.jobfiles import MODEL_FILE
 from workers.procfs import group_members
-from workers.training import MODEL_FILE, RunSpec
+from workers.training import RunSpec
 
 pytestmark = pytest.mark.slow
 

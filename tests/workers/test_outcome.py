@@ -9,7 +9,7 @@ import pytest
 
 from service.models import JobStatus
 from service.reasons import ReasonCode
-from workers.outcome import RunnerReport, StopReason, decide
+from workers.outcome import RunnerReport, StopReason, decide, how_it_ended
 
 LIMITS = {"timeout_s": 60, "stall_timeout_s": 600.0, "worker_id": "box-1"}
 FAILED = RunnerReport(
@@ -72,3 +72,9 @@ def test_an_unknown_reason_code_from_a_runner_is_stored_as_error() -> None:
     )
     outcome = decide(None, report, 1, **LIMITS)  # type: ignore[arg-type]
     assert (outcome.reason_code, outcome.retryable) == (ReasonCode.error, False)
+
+
+def test_how_a_process_ended_reads_for_people_whatever_the_signal() -> None:
+    assert how_it_ended(3) == "exited with 3"
+    assert how_it_ended(-signal.SIGTERM) == "killed by SIGTERM"
+    assert how_it_ended(-40) == "killed by signal 40"  # real-time: no name, no crash

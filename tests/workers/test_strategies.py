@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from service.points import MetricPoint, ProgressPoint
 from workers import strategies, training
+from workers.jobfiles import MODEL_FILE
 from workers.recipes import load_recipes
-from workers.training import MODEL_FILE, InProcess, RunSpec, checkpoint, evaluate
+from workers.training import InProcess, RunSpec, checkpoint, evaluate
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@
 Callers use the names re-exported here.
 """
 
-from workers.jobfiles import MODEL_FILE
 from workers.training.data import ResumableSampler, batches
 from workers.training.loop import (
     STOP_REQUESTED,
@@ -23,7 +22,6 @@ from workers.training.progress import InProcess, Reports, Sink
 from workers.training.spec import RunSpec, resolve
 
 __all__ = [
-    "MODEL_FILE",
     "STOP_REQUESTED",
     "Preempted",
     "InProcess",

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
@@ -36,7 +36,6 @@ class Sink(Protocol):
     def put_nowait(self, item: MetricPoint | ProgressPoint) -> None: ...
 
 
-@runtime_checkable
 class Reports(Protocol):
     """How rank 0 opens its sink in the process it trains in (picklable, for ddp ranks).
 
