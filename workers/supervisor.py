@@ -5,8 +5,10 @@ The loop waits on "new work, the poll timer, or stop", and never blocks on one j
 kills escalate over ticks (SIGTERM, grace, SIGKILL) while other jobs keep their heartbeats.
 How runners start is ``workers.launch``'s; the leases are ``workers.lease``'s; how an
 attempt ended is ``workers.outcome.decide``'s; an attempt's own state is
-``workers.attempt``'s. What stays here (~380 lines) is the loop and each of its steps:
-register, heartbeat, supervise, claim, relay logs, finish, shut down.
+``workers.attempt``'s; the devices are ``workers.devices.Box``'s. What stays here is the
+loop and each of its steps (register, heartbeat, supervise, claim, relay logs, finish,
+shut down), kept together past the ~300 lines other modules keep so that one reading
+shows the whole order of a tick.
 """
 
 from __future__ import annotations
@@ -18,28 +20,24 @@ import platform
 import signal
 import threading
 import time
-from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
-
-from sqlalchemy.exc import DBAPIError
+from typing import Any
 
 from service import catalog, jobspec, store
 from service.db import make_engine
-from service.models import JobStatus, Worker
+from service.models import Accelerator, JobStatus, Worker
 from service.settings import Settings
 from service.wakeup import JobListener, can_listen
-from workers import devices as device_info
-from workers import gpu
 from workers.attempt import Attempt
+from workers.devices import Box
 from workers.jobfiles import JobFiles
 from workers.launch import Launcher
 from workers.lease import Leases
+from workers.outage import DatabaseWatch
 from workers.outcome import RunnerReport, StopReason, decide
 from workers.recipes import Recipe, load_recipes
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Claim latency bound while idle. An idle poll is one indexed read, no write lock.
 POLL_INTERVAL_S = 0.05
@@ -50,7 +48,6 @@ POLL_INTERVAL_S = 0.05
 BUSY_WAIT_S = 0.5
 # With LISTEN/NOTIFY (PostgreSQL) an idle worker polls only this often, as a fallback.
 NOTIFIED_FALLBACK_POLL_S = 1.0
-GPU_SAMPLE_EVERY_S = 5.0  # GPU utilisation and memory, for /metrics
 # Lease, heartbeat, kill grace, stall and reservation times are operator settings
 # (service/settings.py); the keyword arguments below override them in tests.
 
@@ -99,12 +96,9 @@ class Supervisor:
             stall_timeout_s=settings.stall_timeout_s,
         )
         # Known once run() has detected them.
-        self.accelerator = ""
-        self.devices: list[dict[str, Any]] = []
+        self.box = Box(Accelerator.cpu, [])
         self.recipes: dict[str, Recipe] = {}
-        self.gpu_pids = gpu.compute_pids  # replaceable in tests: there is no GPU there
-        self.sampled_at = float("-inf")
-        self.database_down_since: float | None = None
+        self.database = DatabaseWatch()
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
             JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
@@ -125,8 +119,8 @@ class Supervisor:
         log.info(
             "worker %s: %d %s device(s), recipes %s",
             self.worker_id,
-            len(self.devices),
-            self.accelerator,
+            len(self.box.devices),
+            self.box.accelerator,
             ", ".join(sorted(self.recipes)),
         )
         next_heartbeat = 0.0
@@ -138,14 +132,14 @@ class Supervisor:
                 now = time.monotonic()
                 if now >= next_heartbeat:
                     next_heartbeat = now + self.settings.heartbeat_interval_s
-                    self._while_database_answers(self._heartbeat)
+                    self.database.call(self._heartbeat)
                 self._supervise(now)
                 self._flush_logs()
-                claimed = not self._stopping and bool(self._while_database_answers(self._claim))
+                claimed = not self._stopping and bool(self.database.call(self._claim))
                 if self._stopping and not self.attempts:
                     break
                 idle = drain and not claimed and not self.attempts
-                if idle and self._while_database_answers(self._pending) is False:
+                if idle and self.database.call(self._pending) is False:
                     break
                 if not claimed:
                     until_heartbeat = max(0.0, next_heartbeat - time.monotonic())
@@ -163,7 +157,7 @@ class Supervisor:
         # beside this process's own (torch again, for the devices and recipes, ~1.3 s)
         # rather than after them. (This module imports nothing heavy for that reason.)
         self.launcher.open()
-        self.accelerator, self.devices = device_info.detect(self.settings.cpu_slots)
+        self.box = Box.detect(self.settings.cpu_slots)
         self.recipes = load_recipes(self.settings.recipes_dir)
 
     def _idle_wait(self) -> float:
@@ -209,39 +203,14 @@ class Supervisor:
                 id=self.worker_id,
                 hostname=platform.node(),
                 pid=os.getpid(),
-                accelerator=self.accelerator,
-                devices=self.devices,
+                accelerator=self.box.accelerator,
+                devices=self.box.devices,
                 recipes=[r.describe() for r in self.recipes.values()],
             ),
         )
 
-    def _sample_devices(self) -> list[dict[str, Any]] | None:
-        """GPU utilisation and memory for /metrics, every GPU_SAMPLE_EVERY_S (NVML init
-        costs milliseconds: not on every heartbeat)."""
-        now = time.monotonic()
-        if self.accelerator != "cuda" or now - self.sampled_at < GPU_SAMPLE_EVERY_S:
-            return None
-        self.sampled_at = now
-        return gpu.sample(self.devices)
-
-    def _while_database_answers(self, step: Callable[[], T]) -> T | None:
-        """Run one step of the loop; if the database is unreachable, say so (once per
-        outage) and go on: running jobs continue while their leases last."""
-        try:
-            result = step()
-        except DBAPIError as exc:
-            if self.database_down_since is None:
-                self.database_down_since = time.monotonic()
-                log.error("database unreachable; jobs go on for up to a lease: %s", exc)
-            return None
-        if self.database_down_since is not None:
-            down = time.monotonic() - self.database_down_since
-            log.warning("database reachable again after %.1fs", down)
-            self.database_down_since = None
-        return result
-
     def _heartbeat(self) -> None:
-        catalog.worker_heartbeat(self.engine, self.worker_id, self._sample_devices())
+        catalog.worker_heartbeat(self.engine, self.worker_id, self.box.sample())
         self.leases.renew()
 
     def _supervise(self, now: float) -> None:
@@ -249,18 +218,10 @@ class Supervisor:
             attempt.enforce(now, self.settings.kill_grace_s)
             if (
                 attempt.finished()
-                and self._gpus_released(attempt, now)
-                and self._while_database_answers(partial(self._finish, attempt))
+                and self.box.released(attempt, now, self.settings.kill_grace_s)
+                and self.database.call(partial(self._finish, attempt))
             ):
                 del self.attempts[job_id]  # else: recorded on a later tick
-
-    def _gpus_released(self, attempt: Attempt, now: float) -> bool:
-        """On CUDA, the devices go to the next job only once NVML lists no process of this
-        one on them (see ``Attempt.gpus_released``)."""
-        if self.accelerator != "cuda":
-            return True
-        listed = self.gpu_pids(attempt.devices)
-        return attempt.gpus_released(listed, now, self.settings.kill_grace_s)
 
     def _claim(self) -> bool:
         if not self.launcher.ready():
@@ -274,8 +235,8 @@ class Supervisor:
             self.engine,
             worker_id=self.worker_id,
             free_devices=len(free),
-            total_devices=len(self.devices),
-            accelerator=self.accelerator,
+            total_devices=len(self.box.devices),
+            accelerator=self.box.accelerator,
             recipes=sorted(self.recipes),
             lease_s=self.settings.lease_s,
             reserve_after_s=self.settings.reserve_after_s,
@@ -286,11 +247,11 @@ class Supervisor:
         fence = claim.fence
         held = free[: claim.devices]
         processes = jobspec.world_size(claim.strategy, claim.devices)
-        threads = jobspec.threads_per_process(len(held), len(self.devices), processes)
+        threads = jobspec.threads_per_process(len(held), len(self.box.devices), processes)
         attempt = self.launcher.start(
             claim,
             held,
-            accelerator=self.accelerator,
+            accelerator=self.box.accelerator,
             threads=threads,
             claimed_at=asked,
             on_exit=self._wake.set,
@@ -299,7 +260,7 @@ class Supervisor:
         store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
         attempt.note(
             f"attempt {fence.attempt} started on {self.worker_id}, "
-            f"{self.accelerator} devices {held}, runner pid {attempt.pgid}"
+            f"{self.box.accelerator} devices {held}, runner pid {attempt.pgid}"
         )
         log.info("job %s: claimed (attempt %d) on devices %s", fence.job_id, fence.attempt, held)
         return True
@@ -308,16 +269,15 @@ class Supervisor:
         return (
             store.pending_count(
                 self.engine,
-                max_devices=len(self.devices),
-                accelerator=self.accelerator,
+                max_devices=len(self.box.devices),
+                accelerator=self.box.accelerator,
                 recipes=sorted(self.recipes),
             )
             > 0
         )
 
     def _free_devices(self) -> list[int]:
-        busy = {d for a in self.attempts.values() for d in a.devices}
-        return [d["index"] for d in self.devices if d["index"] not in busy]
+        return self.box.free(d for a in self.attempts.values() for d in a.devices)
 
     def _flush_logs(self) -> None:
         for attempt in self.attempts.values():
@@ -333,7 +293,7 @@ class Supervisor:
             )
         except Exception:  # keep them for the next tick rather than lose them
             attempt.put_back(lines)
-            if self.database_down_since is None:  # an outage is reported once, elsewhere
+            if not self.database.down:  # an outage is reported once, by the watch
                 log.exception("job %s: could not store %d log lines", attempt.job_id, len(lines))
 
     def _finish(self, attempt: Attempt) -> bool:
@@ -383,6 +343,6 @@ class Supervisor:
         while self.attempts and time.monotonic() < deadline + grace_s:
             self._supervise(time.monotonic())
             time.sleep(0.05)
-        self._while_database_answers(partial(catalog.worker_stopped, self.engine, self.worker_id))
+        self.database.call(partial(catalog.worker_stopped, self.engine, self.worker_id))
         self.engine.dispose()
         self.launcher.close()

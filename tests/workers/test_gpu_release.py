@@ -13,11 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.models import Strategy
+from service.models import Accelerator, Strategy
 from service.store import Claim, Fence
 from tests.stack import wait_for
 from workers import gpu
 from workers.attempt import Attempt
+from workers.devices import Box
 
 
 def _gpus() -> int:
@@ -66,6 +67,22 @@ def test_devices_are_released_after_the_grace_even_if_nvml_still_lists_the_job(
     attempt.pids_seen.add(7)
     assert not attempt.gpus_released({7}, now=200.0, grace_s=5)
     assert attempt.gpus_released({7}, now=205.0, grace_s=5)  # never forever
+
+
+def test_the_box_asks_nvml_about_the_attempts_gpus_only_on_cuda(attempt: Attempt) -> None:
+    asked: list[list[int]] = []
+
+    def nvml_lists(indices: list[int]) -> set[int]:
+        asked.append(indices)
+        return {7}
+
+    attempt.pids_seen.add(7)
+    cuda = Box(Accelerator.cuda, [{"index": 0}, {"index": 1}], gpu_pids=nvml_lists)
+    assert not cuda.released(attempt, now=10.0, grace_s=5)
+    assert asked == [[0, 1]]  # the attempt's own devices
+    cpu = Box(Accelerator.cpu, [{"index": 0}, {"index": 1}], gpu_pids=nvml_lists)
+    assert cpu.released(attempt, now=10.0, grace_s=5) and asked == [[0, 1]]
+    assert cuda.free([1]) == [0]
 
 
 # A CUDA context through the driver API itself, so a CPU build of torch does not matter.
