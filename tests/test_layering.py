@@ -32,7 +32,7 @@ def test_the_worker_starts_its_zygote_before_it_imports_torch() -> None:
 
 HEAVY = ("torch", "numpy", "workers")
 # The composition root: `trainyard worker` starts the supervisor, so it imports workers.
-COMPOSITION_ROOT = "service/cli.py"
+COMPOSITION_ROOT = "service/cli/service.py"
 
 
 def _imported_packages(path: Path) -> list[tuple[int, str]]:

@@ -1,0 +1,15 @@
+"""The ``trainyard`` command.
+
+``service.cli.service`` runs the service on this box (migrate, serve, worker, up);
+``service.cli.jobs`` talks to a running one over HTTP (submit, ls, status, logs, cancel).
+"""
+
+from __future__ import annotations
+
+from service.cli import jobs, service  # noqa: F401  (each registers its commands on app)
+from service.cli.app import app
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,98 @@
+"""Running the service on this box: migrate, serve, worker, and up (API + one worker).
+
+The composition root: the API's modules never import ``workers`` or torch; the
+``worker`` command does, inside the function, so the other commands stay light.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from typing import Annotated
+
+import typer
+
+from service.cli.app import app
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema."""
+    from service.migrate import upgrade
+    from service.settings import Settings
+
+    settings = Settings()
+    upgrade(settings.database_url)
+    typer.echo(f"database at {settings.database_url} is up to date")
+
+
+@app.command()
+def serve() -> None:
+    """Serve the API (TRAINYARD_HOST, TRAINYARD_PORT)."""
+    import uvicorn
+
+    from service.app import serving_app
+    from service.settings import Settings
+
+    settings = Settings()
+    settings.require_safe_bind()
+    if settings.api_workers == 1:
+        app = serving_app(settings)
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            access_log=settings.access_log,
+        )
+        return
+    # Several processes: each builds its app from the same environment.
+    uvicorn.run(
+        "service.app:serving_app",
+        factory=True,
+        workers=settings.api_workers,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=settings.access_log,
+    )
+
+
+@app.command()
+def worker(
+    drain: Annotated[bool, typer.Option(help="Exit once no runnable job is left.")] = False,
+    worker_id: Annotated[str | None, typer.Option(help="Stable name; default hostname.")] = None,
+) -> None:
+    """Run a worker on this box's GPUs (or CPU slots)."""
+    import logging
+
+    # The composition root: the API modules never import workers or torch; this command does.
+    from service.settings import Settings
+    from workers.supervisor import Supervisor
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    supervisor = Supervisor(Settings(), worker_id=worker_id)
+    supervisor.install_signal_handlers()
+    supervisor.run(drain=drain)
+
+
+@app.command()
+def up() -> None:
+    """Migrate, then serve the API with one worker beside it (the single-box default)."""
+    migrate()
+    worker_proc = subprocess.Popen([sys.executable, "-m", "service.cli", "worker"])
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with the
+    # default action this process would die there, before stopping its worker, which
+    # would run on, orphaned. Exit through `finally` instead.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    try:
+        serve()
+    finally:
+        worker_proc.terminate()  # the worker hands its running jobs back to the queue
+        try:
+            worker_proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker_proc.kill()
