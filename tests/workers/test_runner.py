@@ -1,18 +1,28 @@
-"""The runner's spec: one function from a Job to a RunSpec, and the JSON it leaves."""
+"""The runner: one function from a Job to a RunSpec, the JSON it leaves, and the report
+it writes for the supervisor however the attempt ends."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from service.models import Accelerator, Job, Strategy
+from service import store
+from service.db import make_engine
+from service.migrate import upgrade
+from service.models import Accelerator, Job, JobCreate, Strategy
 from service.reasons import ReasonCode
+from service.settings import Settings
+from tests.stack import RECIPES_DIR, REPO
 from workers import environment
 from workers.errors import NotRetryable, describe
 from workers.jobfiles import JobFiles
+from workers.outcome import RunnerReport
 from workers.recipes import load_recipes
 from workers.training import RunSpec, resolve
 
@@ -70,3 +80,55 @@ def test_spec_json_holds_plain_values_and_rebuilds_the_spec(tmp_path: Path) -> N
     names = {f.name for f in fields(RunSpec)} - {"job_dir", "recipes_dir", "attempt"}
     again = RunSpec(**{k: written[k] for k in names}, job_dir=spec.job_dir)
     assert again == spec and again.strategy is Strategy.single
+
+
+def _run_attempt(tmp_path: Path, recipe: str, params: dict[str, object]) -> tuple[int, Path]:
+    """Claim a job on a fresh SQLite file and run its runner, as the launcher would
+    (a process of its own: the runner rewires its stdio and signals)."""
+    url = f"sqlite:///{tmp_path / 'trainyard.db'}"
+    upgrade(url)
+    engine = make_engine(Settings(database_url=url))
+    try:
+        job, _ = store.create_job(engine, JobCreate(recipe=recipe, params=params, epochs=1))
+        claim = store.claim_job(
+            engine, worker_id="w", free_devices=1, accelerator="cpu", recipes=[recipe], lease_s=60
+        )
+        assert claim is not None and job.id is not None
+        env = {
+            **os.environ,
+            "TRAINYARD_DATABASE_URL": url,
+            "TRAINYARD_DATA_DIR": str(tmp_path / "data"),
+            "TRAINYARD_RECIPES_DIR": str(RECIPES_DIR),
+            "PYTHONPATH": str(REPO),
+        }
+        fence = claim.fence
+        args = ["--job-id", str(job.id), "--attempt", "1", "--lease-token", fence.lease_token]
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.runner", *args, "--accelerator", "cpu"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert store.load_job(engine, job.id).status == "running"  # the runner never moves it
+    finally:
+        engine.dispose()
+    return done.returncode, JobFiles.of(tmp_path / "data", job.id).outcome(1)
+
+
+@pytest.mark.slow
+def test_a_runner_that_trains_reports_its_result(tmp_path: Path) -> None:
+    code, outcome = _run_attempt(tmp_path, "tiny", {"samples": 64})
+    report = RunnerReport.read(outcome)
+    assert code == 0 and report is not None and report.ok
+    assert report.result is not None and "val/loss" in report.result
+    assert (outcome.parent.parent / "spec.json").is_file()  # what exactly was trained
+
+
+@pytest.mark.slow
+def test_a_runner_without_the_recipe_reports_why_and_no_retry(tmp_path: Path) -> None:
+    code, outcome = _run_attempt(tmp_path, "not-installed", {})
+    report = RunnerReport.read(outcome)
+    assert code == 1 and report is not None and report.error is not None
+    assert (report.error["code"], report.error["retryable"]) == ("unknown_recipe", False)
+    assert "no recipe 'not-installed'" in report.error["message"]
