@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -12,7 +17,8 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
 
-from service.api import catalog, health, jobs, prometheus
+from service import blobs as blob_store
+from service.api import blobs, catalog, health, jobs, prometheus
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
 from service.api.prometheus import Instruments, RequestMetrics
@@ -22,8 +28,12 @@ from service.db import make_engine
 from service.events import JobFeeds
 from service.settings import Settings
 
+log = logging.getLogger(__name__)
+
 API_PREFIX = "/api/v1"
 SWAGGER_ASSETS = "/static/swagger-ui"
+# Requests the JSON body limit does not apply to: they stream, under limits of their own.
+STREAMED_BODIES = (("PUT", f"{API_PREFIX}/blobs/"),)
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
@@ -35,19 +45,22 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         version="0.1.0",
         docs_url=None,  # served below from local assets: GPU boxes are often air-gapped
         redoc_url=None,
+        lifespan=_lifespan,
     )
     app.state.settings = settings
     app.state.engine = engine or make_engine(settings)
     app.state.catalog = CatalogCache()
     app.state.feeds = JobFeeds(app.state.engine)
+    app.state.blobs = blob_store.BlobStore.from_settings(settings)
 
     app.state.instruments = Instruments(app.state.engine)
     app.include_router(health.router)
     app.include_router(prometheus.router)
     app.include_router(jobs.router, prefix=API_PREFIX, dependencies=[AuthDep])
     app.include_router(catalog.router, prefix=API_PREFIX, dependencies=[AuthDep])
+    app.include_router(blobs.router, prefix=API_PREFIX, dependencies=[AuthDep])
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, exempt=STREAMED_BODIES)
     app.add_middleware(RequestMetrics, instruments=app.state.instruments)
 
     app.mount(SWAGGER_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
@@ -67,6 +80,29 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     return app
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    sweeper = asyncio.create_task(_sweep_blobs(app), name="blob sweeper")
+    try:
+        yield
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+
+
+async def _sweep_blobs(app: FastAPI) -> None:
+    """Every ``blob_sweep_interval_s``, remove expired blobs (in a thread: it queries and
+    deletes files). Each API process sweeps; sweeps are idempotent, so that is harmless."""
+    settings: Settings = app.state.settings
+    while True:
+        await asyncio.sleep(settings.blob_sweep_interval_s)  # cancelled at shutdown
+        try:
+            await anyio.to_thread.run_sync(blob_store.sweep, app.state.engine, settings)
+        except Exception:  # the database may be down for a while: try again next time
+            log.exception("blob sweep failed")
+
+
 def serving_app(settings: Settings | None = None) -> FastAPI:
     """The app of a server process (``trainyard serve``), its start-up heap frozen.
 
@@ -82,14 +118,19 @@ def serving_app(settings: Settings | None = None) -> FastAPI:
 
 
 class BodyLimit:
-    """413 for a request whose declared body is larger than the limit."""
+    """413 for a request whose declared body is larger than the limit, unless its method
+    and path prefix are among ``exempt`` (routes that stream under their own limit)."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int, exempt: tuple[tuple[str, str], ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not any(
+            scope["method"] == method and scope["path"].startswith(prefix)
+            for method, prefix in self.exempt
+        ):
             length = dict(scope["headers"]).get(b"content-length")
             if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
                 response = JSONResponse(

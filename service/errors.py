@@ -34,3 +34,49 @@ class SpecInvalid(TrainyardError):
     def at(cls, loc: tuple[str | int, ...], msg: str, type_: str = "value_error") -> SpecInvalid:
         """One error at a field path, in FastAPI's validation-error shape."""
         return cls([{"loc": ["body", *loc], "msg": msg, "type": type_}])
+
+
+class BlobNotFound(TrainyardError):
+    """No stored blob has this digest."""
+
+    def __init__(self, digest: str) -> None:
+        super().__init__(f"blob {digest} not found: upload it with PUT /api/v1/blobs/{digest}")
+        self.digest = digest
+
+
+class BlobDigestMismatch(TrainyardError):
+    """The bytes received hash to another digest than the one they were sent under."""
+
+    def __init__(self, expected: str, got: str) -> None:
+        super().__init__(f"the body's digest is {got}, not {expected}: nothing was stored")
+
+
+class BlobTooLarge(TrainyardError):
+    """A blob past its size limit (checked on Content-Length and on the bytes counted)."""
+
+    def __init__(self, limit: int, setting: str) -> None:
+        super().__init__(f"blob larger than {limit} bytes (the limit set by {setting})")
+        self.limit = limit
+        self.setting = setting
+
+
+class BlobStorageFull(TrainyardError):
+    """The disk (or quota) that holds the blobs is full; nothing was kept."""
+
+
+class BlobInUse(TrainyardError):
+    """A blob that an unfinished job uses cannot be deleted."""
+
+    def __init__(self, digest: str, job_ids: list[int]) -> None:
+        jobs = ", ".join(map(str, job_ids))
+        super().__init__(f"blob {digest} is used by unfinished jobs: {jobs}")
+        self.job_ids = job_ids
+
+
+class PackageInvalid(TrainyardError):
+    """A code package (zip) that is refused, naming the entry at fault when there is one."""
+
+    def __init__(self, why: str, entry: str | None = None) -> None:
+        where = f"code package entry {entry!r}" if entry else "code package"
+        super().__init__(f"{where}: {why}")
+        self.entry = entry

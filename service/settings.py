@@ -39,6 +39,32 @@ class Settings(BaseSettings):
     )
     api_workers: int = Field(1, ge=1, le=64, description="API server processes.")
 
+    # Blobs: content-addressed uploads (code packages, data files).
+    blobs_dir: Path | None = Field(
+        None, description="Where blobs are stored; default <data_dir>/blobs."
+    )
+    max_blob_bytes: int = Field(
+        8 * 2**30, ge=1, description="Bytes: the largest blob PUT /api/v1/blobs accepts."
+    )
+    max_code_bytes: int = Field(
+        100 * 2**20, ge=1, description="Bytes: the largest code package (zip) a job may name."
+    )
+    max_package_files: int = Field(
+        10_000, ge=1, description="Entries: the most a code package may hold."
+    )
+    max_package_unpacked_bytes: int = Field(
+        2**30, ge=1, description="Bytes: a code package's size once unpacked (zip bombs)."
+    )
+    blob_ttl_s: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="Seconds: a blob no job has used this long (and no unfinished job "
+        "uses) is removed.",
+    )
+    blob_sweep_interval_s: float = Field(
+        3600.0, gt=0, description="Seconds between the API's sweeps of expired blobs."
+    )
+
     # Worker knobs (seconds).
     lease_s: float = Field(
         15.0, gt=0, description="A job whose worker is silent this long goes back to the queue."

@@ -11,9 +11,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from service.artifacts import ArtifactNotFound
 from service.errors import (
+    BlobDigestMismatch,
+    BlobInUse,
+    BlobNotFound,
+    BlobStorageFull,
+    BlobTooLarge,
     IdempotencyConflict,
     InvalidTransition,
     JobNotFound,
+    PackageInvalid,
     SpecInvalid,
     TrainyardError,
 )
@@ -27,6 +33,12 @@ STATUS_OF: dict[type[TrainyardError], int] = {
     InvalidTransition: 409,
     IdempotencyConflict: 409,
     SpecInvalid: 422,
+    BlobNotFound: 404,
+    BlobDigestMismatch: 400,
+    BlobInUse: 409,
+    BlobTooLarge: 413,
+    BlobStorageFull: 507,
+    PackageInvalid: 422,
 }
 
 

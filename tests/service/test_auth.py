@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 from service.app import create_app
 from service.settings import Settings
 
+DIGEST = "sha256:" + "0" * 64
 ROUTES = [
     ("GET", "/api/v1/jobs"),
     ("POST", "/api/v1/jobs"),
@@ -22,6 +23,12 @@ ROUTES = [
     ("GET", "/api/v1/jobs/1/artifacts/model.safetensors"),
     ("GET", "/api/v1/recipes"),
     ("GET", "/api/v1/workers"),
+    ("GET", "/api/v1/blobs"),
+    ("PUT", f"/api/v1/blobs/{DIGEST}"),
+    ("HEAD", f"/api/v1/blobs/{DIGEST}"),
+    ("GET", f"/api/v1/blobs/{DIGEST}"),
+    ("DELETE", f"/api/v1/blobs/{DIGEST}"),
+    ("GET", f"/api/v1/blobs/{DIGEST}/content"),
 ]
 
 
@@ -32,7 +39,9 @@ def test_every_api_route_needs_the_token(settings: Settings, engine: Engine) -> 
             p for p in client.get("/openapi.json").json()["paths"] if p.startswith("/api/v1")
         }
         assert api_paths == {
-            p.replace("/jobs/1", "/jobs/{job_id}").replace("model.safetensors", "{name}")
+            p.replace("/jobs/1", "/jobs/{job_id}")
+            .replace("model.safetensors", "{name}")
+            .replace(DIGEST, "{digest}")
             for _, p in ROUTES
         }
         for method, path in ROUTES:

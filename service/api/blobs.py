@@ -1,0 +1,162 @@
+"""/api/v1/blobs: content-addressed uploads (code packages, data files) and their metadata.
+
+``PUT`` streams the body to disk as it arrives (``service.blobs.BlobStore.receive``): the
+app's JSON body limit does not apply here, ``TRAINYARD_MAX_BLOB_BYTES`` does, and the
+token is checked (a router dependency) before a byte of the body is read.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+from sqlalchemy import Engine
+
+from service import blob_rows, blobs
+from service.api.deps import EngineDep, SettingsDep, pooled
+from service.blob_rows import BlobList, BlobRead
+from service.blobs import DIGEST_PATTERN, MAX_BLOB_SETTING, BlobStore
+from service.db import read_session, write_session
+from service.errors import BlobNotFound, BlobTooLarge
+
+router = APIRouter(prefix="/blobs", tags=["blobs"])
+
+
+async def get_blob_store(request: Request) -> BlobStore:
+    store: BlobStore = request.app.state.blobs
+    return store
+
+
+BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
+Digest = Annotated[
+    str,
+    Path(
+        pattern=DIGEST_PATTERN,
+        description="sha256: and the 64 lowercase hex digits of the bytes' SHA-256.",
+        examples=["sha256:" + "0" * 64],
+    ),
+]
+
+# Swagger's "Try it out" offers a file picker for a binary body declared this way; the
+# route reads the raw stream itself, so FastAPI has no body parameter to describe.
+_RAW_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "The blob's bytes, exactly; their SHA-256 must be the digest.",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.put(
+    "/{digest}",
+    status_code=status.HTTP_201_CREATED,
+    summary="Upload a blob",
+    openapi_extra=_RAW_BODY,
+    responses={
+        200: {"description": "Stored already: the body was not read", "model": BlobRead},
+        400: {"description": "The body's SHA-256 is not the digest; nothing stored"},
+        413: {"description": "Larger than TRAINYARD_MAX_BLOB_BYTES; nothing stored"},
+        507: {"description": "The blob disk is full; nothing stored"},
+    },
+)
+async def put_blob(
+    digest: Digest,
+    request: Request,
+    response: Response,
+    engine: EngineDep,
+    settings: SettingsDep,
+    store: BlobStoreDep,
+    content_length: Annotated[int | None, Header(ge=0, include_in_schema=False)] = None,
+) -> BlobRead:
+    """Store the raw body under its SHA-256, streamed to disk, kept only if it matches."""
+    limit = settings.max_blob_bytes
+    if content_length is not None and content_length > limit:
+        raise BlobTooLarge(limit, MAX_BLOB_SETTING)  # refused before reading a byte
+    received = await store.receive(request.stream(), digest, limit)
+    await run_in_threadpool(_record, engine, digest, received.size)
+    response.headers["Location"] = f"/api/v1/blobs/{digest}"
+    if not received.created:
+        response.status_code = status.HTTP_200_OK
+    return await run_in_threadpool(_read, engine, digest)
+
+
+def _record(engine: Engine, digest: str, size: int) -> None:
+    # Also when the file was there already: its row may be what a crash left missing.
+    with write_session(engine) as session:
+        blob_rows.record(session, digest, size)
+
+
+def _read(engine: Engine, digest: str) -> BlobRead:
+    with read_session(engine) as session:
+        return blob_rows.read(session, digest)
+
+
+@router.head(
+    "/{digest}",
+    summary="Whether a blob is stored",
+    responses={404: {"description": "Not stored: upload it"}},
+)
+@pooled
+def head_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> Response:
+    """200 (its size in X-Blob-Size) when stored, 404 when not: upload only what is missing."""
+    size = store.size_of(digest)
+    with read_session(engine) as session:
+        stored = size is not None and bool(blob_rows.known(session, [digest]))
+    if not stored:
+        return Response(status_code=status.HTTP_404_NOT_FOUND)
+    return Response(headers={"X-Blob-Size": str(size)})
+
+
+@router.get("/{digest}", summary="A blob's metadata", responses={404: {"description": "Unknown"}})
+@pooled
+def get_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> BlobRead:
+    """Size, when it was stored and last used, and the jobs that use it."""
+    if store.size_of(digest) is None:
+        raise BlobNotFound(digest)
+    return _read(engine, digest)
+
+
+@router.get(
+    "/{digest}/content",
+    summary="Download a blob",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}, 404: {"description": "Unknown"}},
+)
+async def download_blob(digest: Digest, store: BlobStoreDep) -> FileResponse:
+    """The blob's bytes, as uploaded (a worker on another box fetches what it lacks)."""
+    path = store.path(digest)
+    if not path.is_file():
+        raise BlobNotFound(digest)
+    return FileResponse(path, media_type="application/octet-stream")
+
+
+@router.get("", summary="List blobs, newest first")
+@pooled
+def list_blobs(
+    engine: EngineDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> BlobList:
+    """Stored blobs with their metadata, newest first, one page."""
+    with read_session(engine) as session:
+        items, total = blob_rows.page(session, limit=limit, offset=offset)
+    return BlobList(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.delete(
+    "/{digest}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete a blob",
+    responses={
+        404: {"description": "Unknown"},
+        409: {"description": "An unfinished job uses it"},
+    },
+)
+@pooled
+def delete_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> Response:
+    """Delete a blob no unfinished job uses (finished jobs keep the record of its digest)."""
+    blobs.delete(engine, store, digest)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,265 @@
+"""The blob store: content-addressed files on disk, how they arrive, and how they go.
+
+A blob lives at ``<blobs_dir>/sha256/<hex>`` (``blobs_dir`` defaults to
+``<data_dir>/blobs``). An upload streams into ``<blobs_dir>/tmp/`` while it is hashed and
+counted, is fsynced, and only then, if its digest is the one it was sent under, renamed
+into place: ``tmp/`` and ``sha256/`` share a filesystem, so the rename is atomic and no
+reader ever sees half a blob. Every failure (mismatch, over the limit, a full disk, a
+client that went away, a cancelled request) removes the temp file. Rows are
+``service.blob_rows``'s; ``delete`` and ``sweep`` change both under the row's lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import AsyncIterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import anyio.to_thread
+from sqlalchemy import Engine
+
+from service import blob_rows
+from service.db import read_session, write_session
+from service.errors import (
+    BlobDigestMismatch,
+    BlobInUse,
+    BlobNotFound,
+    BlobStorageFull,
+    BlobTooLarge,
+)
+from service.models import utcnow
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+MAX_BLOB_SETTING = "TRAINYARD_MAX_BLOB_BYTES"
+# Bytes received before they are hashed and written in one hop to a worker thread: large
+# enough that the hop's cost (~50 µs) vanishes, small enough to bound what a request holds.
+BATCH_BYTES = 4 * 2**20
+# Buffers per writev: the kernel takes at most IOV_MAX (1024) at once.
+BATCH_CHUNKS = 512
+# A temp file this old belongs to no upload still running (one would have touched it).
+STALE_TEMP_S = 3600.0
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+@dataclass(frozen=True)
+class Received:
+    digest: str
+    size: int
+    created: bool  # False: the blob was stored already; nothing new was kept
+
+
+class BlobStore:
+    """The blob files under one root directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files = root / "sha256"
+        self.tmp = root / "tmp"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BlobStore:
+        """The store at ``blobs_dir``, or ``<data_dir>/blobs``."""
+        return cls(settings.blobs_dir or settings.data_dir / "blobs")
+
+    def path(self, digest: str) -> Path:
+        """Where the blob's file is (whether or not it is there)."""
+        return self.files / digest.removeprefix("sha256:")
+
+    def size_of(self, digest: str) -> int | None:
+        """The stored file's size, or None when there is none."""
+        try:
+            return self.path(digest).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    async def receive(
+        self,
+        chunks: AsyncIterable[bytes],
+        digest: str,
+        limit: int,
+        setting: str = MAX_BLOB_SETTING,
+    ) -> Received:
+        """Store the streamed bytes as ``digest`` if they hash to it and fit in ``limit``.
+
+        Never holds more than a batch in memory; hashing and writing run in a worker
+        thread (both release the GIL), so the event loop only moves chunks. A blob
+        already stored is answered without reading the stream."""
+        final = self.path(digest)
+        try:
+            os.utime(final)  # a sweep judges files without a row by their age
+            return Received(digest, final.stat().st_size, created=False)
+        except FileNotFoundError:
+            pass  # not stored (or deleted just now): receive it
+        self.files.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=self.tmp, prefix=final.name[:16] + "-", suffix=".part")
+        tmp = Path(name)
+        hasher = hashlib.sha256()
+        size = 0
+        batch: list[bytes] = []
+        batched = 0
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:  # counted, not declared: chunked bodies have no length
+                    raise BlobTooLarge(limit, setting)
+                batch.append(chunk)
+                batched += len(chunk)
+                if batched >= BATCH_BYTES or len(batch) >= BATCH_CHUNKS:
+                    await anyio.to_thread.run_sync(_absorb, fd, hasher, batch)
+                    batch, batched = [], 0
+            if batch:
+                await anyio.to_thread.run_sync(_absorb, fd, hasher, batch)
+            got = "sha256:" + hasher.hexdigest()
+            if got != digest:
+                raise BlobDigestMismatch(digest, got)
+            created = await anyio.to_thread.run_sync(_install, fd, tmp, final)
+            return Received(digest, size, created)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL:
+                raise BlobStorageFull(
+                    f"no space left for blobs in {self.root}: nothing was kept"
+                ) from exc
+            raise
+        finally:
+            # Every path, the successful rename included (then there is no temp file left
+            # to remove): a mismatch, the limit, a full disk, a disconnect, a cancellation.
+            if fd >= 0:
+                os.close(fd)
+            tmp.unlink(missing_ok=True)
+
+    def remove(self, digest: str) -> None:
+        """Delete the blob's file, if any."""
+        self.path(digest).unlink(missing_ok=True)
+
+    def remove_stale_temps(self, before: float) -> int:
+        """Delete temp files last written before ``before`` (Unix seconds): left by a
+        process that was killed mid-upload. How many went."""
+        return sum(_unlink_if_older(entry, before) for entry in _scan(self.tmp))
+
+    def files_older_than(self, before: float) -> list[str]:
+        """Digests of the stored files last written before ``before`` (Unix seconds)."""
+        return [
+            "sha256:" + entry.name
+            for entry in _scan(self.files)
+            if entry.is_file() and entry.stat().st_mtime < before
+        ]
+
+
+def _absorb(fd: int, hasher: hashlib._Hash, batch: list[bytes]) -> None:
+    # In a worker thread: sha256 and writev release the GIL for buffers this size.
+    for chunk in batch:
+        hasher.update(chunk)
+    _write_all(fd, batch)
+
+
+def _install(fd: int, tmp: Path, final: Path) -> bool:
+    """fsync the temp file and rename it into place; False if the blob got there first."""
+    os.fsync(fd)
+    os.fchmod(fd, 0o444)  # content-addressed: never to change
+    if final.exists():  # an upload of the same bytes finished first: keep one copy
+        return False
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)  # the rename itself survives a crash
+    return True
+
+
+def _write_all(fd: int, chunks: list[bytes]) -> None:
+    """Write every byte of ``chunks`` (writev may write fewer, e.g. as the disk fills)."""
+    total = sum(map(len, chunks))
+    done = os.writev(fd, chunks)
+    if done < total:
+        rest = memoryview(b"".join(chunks))[done:]
+        while rest:
+            rest = rest[os.write(fd, rest) :]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _scan(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as entries:
+            return list(entries)
+    except FileNotFoundError:
+        return []
+
+
+def _unlink_if_older(entry: os.DirEntry[str], before: float) -> bool:
+    try:
+        if entry.stat().st_mtime >= before:
+            return False
+        os.unlink(entry.path)
+        return True
+    except FileNotFoundError:  # its upload just finished or failed: not ours to count
+        return False
+
+
+def delete(engine: Engine, store: BlobStore, digest: str) -> None:
+    """Delete a blob (row and file); BlobInUse while an unfinished job uses it."""
+    with write_session(engine) as session:
+        if blob_rows.lock(session, digest) is None:
+            raise BlobNotFound(digest)
+        users = blob_rows.unfinished_users(session, digest)
+        if users:
+            raise BlobInUse(digest, users)
+        blob_rows.remove(session, digest)
+        # Under the row's lock: a job attaching the blob meanwhile waits, then finds no
+        # row and is refused; the file goes before the commit, so no row outlives it
+        # (should the commit fail, the row stays without a file and a new PUT repairs it).
+        store.remove(digest)
+
+
+@dataclass(frozen=True)
+class Swept:
+    blobs: list[str]  # digests whose row and file were removed
+    orphans: list[str]  # files with no row (a crash between rename and insert)
+    temps: int  # temp files of uploads that never finished
+
+
+def sweep(engine: Engine, settings: Settings, now: datetime | None = None) -> Swept:
+    """Remove blobs no job has used for ``blob_ttl_s`` that no unfinished job uses,
+    files that never got a row, and stale temp files. Cheap when nothing is due: one
+    query on the blob table and two directory listings."""
+    now = now or utcnow()
+    store = BlobStore.from_settings(settings)
+    cutoff = now - timedelta(seconds=settings.blob_ttl_s)
+    with read_session(engine) as session:
+        candidates = blob_rows.expired(session, cutoff)
+    removed = []
+    for digest in candidates:
+        with write_session(engine) as session:
+            # Again under the lock: a job may have attached it since the first look.
+            locked = blob_rows.lock(session, digest) is not None
+            if locked and blob_rows.expired(session, cutoff, digest):
+                blob_rows.remove(session, digest)
+                store.remove(digest)
+                removed.append(digest)
+    old_files = store.files_older_than(cutoff.timestamp())
+    with read_session(engine) as session:
+        orphans = sorted(set(old_files) - blob_rows.known(session, old_files))
+    for digest in orphans:
+        store.remove(digest)
+    temps = store.remove_stale_temps(now.timestamp() - STALE_TEMP_S)
+    if removed or orphans or temps:
+        log.info(
+            "blob sweep: %d expired, %d without a row, %d stale temp files removed",
+            len(removed),
+            len(orphans),
+            temps,
+        )
+    return Swept(removed, orphans, temps)
