@@ -21,7 +21,7 @@ from service import blob_rows, blobs, store
 from service.app import create_app
 from service.blobs import BlobStore
 from service.db import read_session, write_session
-from service.errors import BlobNotFound, BlobTooLarge
+from service.errors import BlobNotFound, BlobStorageFull, BlobTooLarge
 from service.models import Job, JobCreate, JobStatus, utcnow
 from service.settings import Settings
 from tests.stack import wait_for
@@ -184,10 +184,35 @@ def test_a_full_disk_is_507_and_nothing_is_left(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(blobs, "_write_all", full)
-    data = os.urandom(200_000)
+    data = os.urandom(LIMIT)
     r = api.put(f"{API}/{digest_of(data)}", content=data)
     assert r.status_code == 507 and "no space left" in r.json()["detail"]
     assert stored(blob_store) == []
+
+
+def test_a_disk_that_fills_mid_upload_leaves_nothing(
+    blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second batch fails while the third arrives: the error surfaces, the writer
+    thread is waited for, and the temp file goes."""
+    real, calls = blobs._write_all, []
+
+    def fills(fd: int, chunks: list[bytes]) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, chunks)
+
+    monkeypatch.setattr(blobs, "_write_all", fills)
+    data = os.urandom(4 * blobs.BATCH_BYTES)
+
+    async def body() -> Any:
+        for i in range(0, len(data), 2**18):
+            yield data[i : i + 2**18]
+
+    with pytest.raises(BlobStorageFull):
+        anyio.run(blob_store.receive, body(), digest_of(data), 2 * len(data))
+    assert len(calls) == 2 and stored(blob_store) == []
 
 
 def test_a_client_that_goes_away_leaves_nothing(blob_store: BlobStore) -> None:
