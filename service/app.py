@@ -17,11 +17,12 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
 
-from service import blobs as blob_store
+from service import blob_upkeep
 from service.api import blobs, catalog, health, jobs, prometheus
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
 from service.api.prometheus import Instruments, RequestMetrics
+from service.blobs import BlobStore
 from service.catalog import CatalogCache
 from service.dashboard import mount_dashboard
 from service.db import make_engine
@@ -51,7 +52,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.engine = engine or make_engine(settings)
     app.state.catalog = CatalogCache()
     app.state.feeds = JobFeeds(app.state.engine)
-    app.state.blobs = blob_store.BlobStore.from_settings(settings)
+    app.state.blobs = BlobStore.from_settings(settings)
 
     app.state.instruments = Instruments(app.state.engine)
     app.include_router(health.router)
@@ -98,7 +99,7 @@ async def _sweep_blobs(app: FastAPI) -> None:
     while True:
         await asyncio.sleep(settings.blob_sweep_interval_s)  # cancelled at shutdown
         try:
-            await anyio.to_thread.run_sync(blob_store.sweep, app.state.engine, settings)
+            await anyio.to_thread.run_sync(blob_upkeep.sweep, app.state.engine, settings)
         except Exception:  # the database may be down for a while: try again next time
             log.exception("blob sweep failed")
 

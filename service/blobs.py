@@ -6,7 +6,7 @@ counted, is fsynced, and only then, if its digest is the one it was sent under, 
 into place: ``tmp/`` and ``sha256/`` share a filesystem, so the rename is atomic and no
 reader ever sees half a blob. Every failure (mismatch, over the limit, a full disk, a
 client that went away, a cancelled request) removes the temp file. Rows are
-``service.blob_rows``'s; ``delete`` and ``sweep`` change both under the row's lock.
+``service.blob_rows``'s; ``service.blob_upkeep`` deletes and sweeps both.
 """
 
 from __future__ import annotations
@@ -14,31 +14,21 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
-import logging
 import os
 import tempfile
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import Engine
 
-from service import blob_rows
-from service.db import read_session, write_session
 from service.errors import (
     BlobDigestMismatch,
-    BlobInUse,
-    BlobNotFound,
     BlobStorageFull,
     BlobTooLarge,
 )
-from service.models import utcnow
 from service.settings import Settings
-
-log = logging.getLogger(__name__)
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 MAX_BLOB_SETTING = "TRAINYARD_MAX_BLOB_BYTES"
@@ -246,59 +236,3 @@ def _unlink_if_older(entry: os.DirEntry[str], before: float) -> bool:
         return True
     except FileNotFoundError:  # its upload just finished or failed: not ours to count
         return False
-
-
-def delete(engine: Engine, store: BlobStore, digest: str) -> None:
-    """Delete a blob (row and file); BlobInUse while an unfinished job uses it."""
-    with write_session(engine) as session:
-        if blob_rows.lock(session, digest) is None:
-            raise BlobNotFound(digest)
-        users = blob_rows.unfinished_users(session, digest)
-        if users:
-            raise BlobInUse(digest, users)
-        blob_rows.remove(session, digest)
-        # Under the row's lock: a job attaching the blob meanwhile waits, then finds no
-        # row and is refused; the file goes before the commit, so no row outlives it
-        # (should the commit fail, the row stays without a file and a new PUT repairs it).
-        store.remove(digest)
-
-
-@dataclass(frozen=True)
-class Swept:
-    blobs: list[str]  # digests whose row and file were removed
-    orphans: list[str]  # files with no row (a crash between rename and insert)
-    temps: int  # temp files of uploads that never finished
-
-
-def sweep(engine: Engine, settings: Settings, now: datetime | None = None) -> Swept:
-    """Remove blobs no job has used for ``blob_ttl_s`` that no unfinished job uses,
-    files that never got a row, and stale temp files. Cheap when nothing is due: one
-    query on the blob table and two directory listings."""
-    now = now or utcnow()
-    store = BlobStore.from_settings(settings)
-    cutoff = now - timedelta(seconds=settings.blob_ttl_s)
-    with read_session(engine) as session:
-        candidates = blob_rows.expired(session, cutoff)
-    removed = []
-    for digest in candidates:
-        with write_session(engine) as session:
-            # Again under the lock: a job may have attached it since the first look.
-            locked = blob_rows.lock(session, digest) is not None
-            if locked and blob_rows.expired(session, cutoff, digest):
-                blob_rows.remove(session, digest)
-                store.remove(digest)
-                removed.append(digest)
-    old_files = store.files_older_than(cutoff.timestamp())
-    with read_session(engine) as session:
-        orphans = sorted(set(old_files) - blob_rows.known(session, old_files))
-    for digest in orphans:
-        store.remove(digest)
-    temps = store.remove_stale_temps(now.timestamp() - STALE_TEMP_S)
-    if removed or orphans or temps:
-        log.info(
-            "blob sweep: %d expired, %d without a row, %d stale temp files removed",
-            len(removed),
-            len(orphans),
-            temps,
-        )
-    return Swept(removed, orphans, temps)

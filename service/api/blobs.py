@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sqlalchemy import Engine
 
-from service import blob_rows, blobs
+from service import blob_rows, blob_upkeep
 from service.api.deps import EngineDep, SettingsDep, pooled
 from service.blob_rows import BlobList, BlobRead
 from service.blobs import DIGEST_PATTERN, MAX_BLOB_SETTING, BlobStore
@@ -158,5 +158,5 @@ def list_blobs(
 @pooled
 def delete_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> Response:
     """Delete a blob no unfinished job uses (finished jobs keep the record of its digest)."""
-    blobs.delete(engine, store, digest)
+    blob_upkeep.delete(engine, store, digest)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

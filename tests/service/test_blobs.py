@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text, update
 from starlette.requests import ClientDisconnect
 
-from service import blob_rows, blobs, store
+from service import blob_rows, blob_upkeep, blobs, store
 from service.app import create_app
 from service.blobs import BlobStore
 from service.db import read_session, write_session
@@ -372,7 +372,7 @@ def test_sweep_removes_only_unused_expired_blobs(
     os.utime(blob_store.tmp / "stale.part", (0, 0))
     (blob_store.tmp / "live.part").write_bytes(b"an upload in progress")
 
-    swept = blobs.sweep(db, blob_settings)
+    swept = blob_upkeep.sweep(db, blob_settings)
 
     assert sorted(swept.blobs) == sorted([unused_old, finished_long_ago])
     assert swept.orphans == [orphan] and swept.temps == 1
@@ -381,7 +381,7 @@ def test_sweep_removes_only_unused_expired_blobs(
     assert [p.name for p in blob_store.tmp.iterdir()] == ["live.part"]
     with read_session(db) as session:
         assert blob_rows.known(session, [unused_old, orphan, *left]) == left
-    assert blobs.sweep(db, blob_settings) == blobs.Swept([], [], 0)  # nothing more is due
+    assert blob_upkeep.sweep(db, blob_settings) == blob_upkeep.Swept([], [], 0)  # none due
 
 
 def test_the_app_sweeps_periodically(
