@@ -16,6 +16,7 @@ BENCHMARKS = [
     ["api", "--database", "postgresql"],
     ["contention"],
     ["recovery"],
+    ["upload"],
 ]
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlmodel import SQLModel
 
-import service.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+import service.blob_rows  # noqa: F401  (registers the tables on SQLModel.metadata)
+import service.models  # noqa: F401
 from service.db import is_sqlite, make_engine
 from service.settings import Settings
 

@@ -22,7 +22,7 @@ ADMIN_URL = os.environ.get(
 )
 # CI sets this: there a missing server is a failure, not a reason to skip.
 REQUIRED = os.environ.get("TRAINYARD_TEST_REQUIRE_POSTGRES") == "1"
-TABLES = ("log_line", "metric", "job", "worker")
+TABLES = ("job_blob", "blob", "log_line", "metric", "job", "worker")
 
 
 @contextmanager
