@@ -28,6 +28,8 @@ PROGRESS_INTERVAL_S = 0.25
 # samples_per_s is the rate over about this many seconds of training steps: steady, yet
 # it follows a job whose speed changes (another job starts beside it, say).
 RATE_WINDOW_S = 5.0
+# A rate needs this many steps behind it: over one or two steps it is mostly noise.
+RATE_MIN_STEPS = 10
 
 
 class Sink(Protocol):
@@ -79,7 +81,10 @@ class Progress:
         # the first epoch's steps begin (model building and resuming are not training).
         self.paused_s = 0.0
         self.paused_at: float | None = self.last_sent
-        self.marks = deque([(self.last_sent, step)])  # (clock, step); the clock reads this now
+        # (clock, step) marks. The first is made after the first step this process trains:
+        # that step pays one-time costs (allocator, kernels' first use) that are not the
+        # job's speed, and over a short window it would be most of the time measured.
+        self.marks: deque[tuple[float, int]] = deque()
         self.unsaved = list(unconfirmed)  # metric points, in step order
         for point in unconfirmed:  # what the checkpoint had not seen stored: again
             self._send(point)
@@ -111,7 +116,9 @@ class Progress:
             self.loss = loss.item()
             self._metric("train/loss", step, epoch, self.loss)
         now = time.monotonic()
-        if now - self.last_sent >= PROGRESS_INTERVAL_S:
+        if not self.marks:
+            self.marks.append((now - self.paused_s, step))
+        elif now - self.last_sent >= PROGRESS_INTERVAL_S:
             self._measure(now, step)
             self._progress(epoch, step, now)
 
@@ -126,11 +133,13 @@ class Progress:
     def _measure(self, now: float, step: int) -> None:
         clock = now - self.paused_s
         marks = self.marks
+        if not marks:  # no step trained yet
+            return
         marks.append((clock, step))
         while len(marks) > 1 and marks[1][0] <= clock - RATE_WINDOW_S:
             marks.popleft()  # the oldest mark left is at or just before the window's start
         since, first = marks[0]
-        if step > first and clock > since:
+        if step - first >= RATE_MIN_STEPS and clock > since:
             self.steps_per_s = (step - first) / (clock - since)
 
     def _progress(self, epoch: int, step: int, now: float) -> None:
