@@ -30,7 +30,7 @@ from workers.jobfiles import write_atomic
 from workers.outcome import RunnerReport, how_it_ended
 from workers.recipes import Recipe, load_recipes
 from workers.stdio import prefix_stdio
-from workers.training import Preempted, Reports, RunSpec, Sink, stop_on_sigterm, train
+from workers.training import Preempted, Reports, RunSpec, Sink, Trainer, stop_on_sigterm
 from workers.zygote import RANK_START_ENV
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def run(
     cuda = spec.accelerator == Accelerator.cuda
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     with _opened(reports) as sink:
-        return train(0, spec, recipe, params, device, sink, wrapper(spec, device))
+        return Trainer(0, spec, recipe, params, device, sink, wrapper(spec, device)).train()
 
 
 def load(spec: RunSpec) -> tuple[Recipe, BaseModel]:
@@ -218,7 +218,7 @@ def _train_rank(
 ) -> None:
     """Train; rank 0 leaves how it ended (its metrics, or where it stopped) for the runner."""
     try:
-        result = train(rank, spec, recipe, params, device, sink, wrapper(spec, device))
+        result = Trainer(rank, spec, recipe, params, device, sink, wrapper(spec, device)).train()
         report = RunnerReport(ok=True, result=result)
     except Preempted as stop:  # every rank stops at the same step, checkpoint written
         report = RunnerReport(ok=False, preempted=str(stop))

@@ -16,7 +16,6 @@ from workers.training.loop import (
     Trainer,
     evaluate,
     stop_on_sigterm,
-    train,
 )
 from workers.training.progress import InProcess, Reports, Sink
 from workers.training.spec import RunSpec, resolve
@@ -34,5 +33,4 @@ __all__ = [
     "evaluate",
     "resolve",
     "stop_on_sigterm",
-    "train",
 ]

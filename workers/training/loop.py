@@ -49,25 +49,13 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: STOP_REQUESTED.set())
 
 
-def train(
-    rank: int,
-    spec: RunSpec,
-    recipe: Recipe,
-    params: BaseModel,
-    device: torch.device,
-    sink: Sink | None,
-    wrap: Callable[[nn.Module], nn.Module] = lambda model: model,
-) -> dict[str, float]:
-    """Train (or resume) the job on this rank; returns the final metrics on rank 0.
-
-    Raises Preempted when asked to stop, after rank 0 saved a checkpoint of the exact
-    position (epoch, batch): the next attempt continues from that batch.
-    """
-    return Trainer(rank, spec, recipe, params, device, sink, wrap).train()
-
-
 class Trainer:
-    """One rank's model, optimizer, data and position; rank 0 also reports."""
+    """One rank's model, optimizer, data and position; rank 0 also reports.
+
+    ``Trainer(...).train()`` trains (or resumes) the job on this rank and returns the
+    final metrics on rank 0. It raises Preempted when asked to stop, after rank 0 saved a
+    checkpoint of the exact position (epoch, batch): the next attempt continues there.
+    """
 
     def __init__(
         self,
