@@ -21,8 +21,8 @@ run: install
 	$(BIN)/trainyard up
 
 lint: install
-	$(BIN)/ruff check service workers tests migrations benchmarks recipes
-	$(BIN)/ruff format --check service workers tests migrations benchmarks recipes
+	$(BIN)/ruff check service workers tests migrations benchmarks recipes examples
+	$(BIN)/ruff format --check service workers tests migrations benchmarks recipes examples
 
 typecheck: install
 	$(BIN)/mypy

@@ -17,11 +17,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from service.errors import BlobNotFound
-from service.models import Job, JobStatus, UTCDateTime, utcnow
+from service.models import DIGEST_MAX, Job, JobStatus, UTCDateTime, utcnow
 
 # A job in one of these still needs its blobs: they are neither deleted nor swept.
 UNFINISHED = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
-DIGEST_MAX = len("sha256:") + 64
 
 
 class Blob(SQLModel, table=True):

@@ -30,7 +30,6 @@ from service.errors import (
 )
 from service.settings import Settings
 
-DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 MAX_BLOB_SETTING = "TRAINYARD_MAX_BLOB_BYTES"
 # Bytes received before they are handed, in one hop, to a worker thread that hashes and
 # writes them while the next batch arrives. Measured (benchmarks.upload, 512 MiB, 2

@@ -13,7 +13,13 @@ from sqlmodel import Session, col
 
 from service.db import read_session, write_session
 from service.errors import SpecInvalid
-from service.jobspec import check_shape, resolve_accelerator, served_accelerators, strategy_problem
+from service.jobspec import (
+    check_shape,
+    is_script,
+    resolve_accelerator,
+    served_accelerators,
+    strategy_problem,
+)
 from service.models import (
     Accelerator,
     Job,
@@ -179,18 +185,8 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
     workers = catalog.workers
     if not workers:
         return (ReasonCode.no_worker, "no worker has registered yet; the job waits for one")
-    if spec.recipe not in catalog.recipes:
-        known = ", ".join(sorted(catalog.recipes)) or "none"
-        raise SpecInvalid.at(("recipe",), f"unknown recipe {spec.recipe!r}; known: {known}")
-    validator = catalog.validators[spec.recipe]
-    errors = sorted(validator.iter_errors(spec.params), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise SpecInvalid(
-            [
-                {"loc": ["body", "params", *e.absolute_path], "msg": e.message, "type": "params"}
-                for e in errors
-            ]
-        )
+    if spec.recipe is not None:
+        _check_recipe(catalog, spec.recipe, spec.params)
     eligible = [w for w in workers if spec.accelerator in served_accelerators(w.accelerator)]
     if not eligible:  # every worker serves cpu and auto: only cuda can find none
         raise SpecInvalid.at(
@@ -201,7 +197,10 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
     gpus = any(w.accelerator == Accelerator.cuda for w in workers)
     best = Accelerator.cuda if gpus else Accelerator.cpu
     problem = strategy_problem(
-        spec.strategy, spec.devices, resolve_accelerator(spec.accelerator, best)
+        spec.strategy,
+        spec.devices,
+        resolve_accelerator(spec.accelerator, best),
+        script=is_script(spec),
     )
     if problem is not None:
         raise SpecInvalid.at(("strategy",), problem)
@@ -215,6 +214,21 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
     return (ReasonCode.queued, f"waiting for a worker with {spec.devices} free device(s)")
 
 
+def _check_recipe(catalog: Catalog, recipe: str, params: dict[str, Any]) -> None:
+    if recipe not in catalog.recipes:
+        known = ", ".join(sorted(catalog.recipes)) or "none"
+        raise SpecInvalid.at(("recipe",), f"unknown recipe {recipe!r}; known: {known}")
+    validator = catalog.validators[recipe]
+    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise SpecInvalid(
+            [
+                {"loc": ["body", "params", *e.absolute_path], "msg": e.message, "type": "params"}
+                for e in errors
+            ]
+        )
+
+
 def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
     """Why a queued job is still waiting, from the state of the workers and the queue."""
     now = utcnow()
@@ -223,7 +237,7 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
         w
         for w in alive
         if len(w.devices) >= job.devices
-        and any(r["name"] == job.recipe for r in w.recipes)
+        and (job.recipe is None or any(r["name"] == job.recipe for r in w.recipes))
         and job.accelerator in served_accelerators(w.accelerator)
     ]
     code: ReasonCode
@@ -231,7 +245,8 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
         code, text = ReasonCode.no_worker, "no worker is running; the job waits for one"
     elif not able:
         code = ReasonCode.no_worker
-        text = f"no running worker offers {job.recipe} on {job.devices} device(s)"
+        what = job.recipe or "scripts"
+        text = f"no running worker offers {what} on {job.devices} device(s)"
     elif job.run_after is not None and job.run_after > now:  # a requeue: shown after its why
         code = ReasonCode.queued
         text = f"retrying in {(job.run_after - now).total_seconds():.0f}s"

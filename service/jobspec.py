@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from service.errors import SpecInvalid
-from service.models import Accelerator, JobCreate, Strategy
+from service.models import Accelerator, JobCreate, JobLike, Strategy
 
 
 def resolve_strategy(strategy: Strategy | str, devices: int) -> Strategy:
@@ -48,17 +48,81 @@ def served_accelerators(worker: Accelerator | str) -> list[Accelerator]:
 
 
 def strategy_problem(
-    strategy: Strategy | str, devices: int, accelerator: Accelerator
+    strategy: Strategy | str, devices: int, accelerator: Accelerator, *, script: bool = False
 ) -> str | None:
-    """Why a strategy cannot run on these devices (resolved accelerator), or None."""
-    dp = resolve_strategy(strategy, devices) == Strategy.dp
+    """Why a strategy cannot run on these devices (resolved accelerator), or None.
+
+    A script's dp is one process holding the job's devices, whatever it does with them
+    (DataParallel, or its own mp.spawn), so it runs on CPU slots too."""
+    dp = resolve_strategy(strategy, devices) == Strategy.dp and not script
     if dp and devices > 1 and accelerator != Accelerator.cuda:
         return "dp (DataParallel) needs CUDA devices; on CPU use ddp for more than one device"
     return None
 
 
+# Fields only Trainyard's own training loop reads: a script takes its own arguments.
+RECIPE_ONLY = ("params", "epochs", "batch_size", "lr", "optimizer", "precision", "checkpoint_every")
+# Fields only a script job reads.
+SCRIPT_ONLY = ("data", "requirements")
+
+
+def is_script(spec: JobCreate | JobLike) -> bool:
+    """A script job runs the user's own entrypoint; any other job runs a recipe."""
+    return spec.entrypoint is not None
+
+
+def blob_uses(spec: JobCreate) -> dict[str, str]:
+    """The blobs a job uses, by role ("code", "data:<name>") -> digest."""
+    uses = {"code": spec.code} if spec.code is not None else {}
+    uses.update({f"data:{name}": digest for name, digest in (spec.data or {}).items()})
+    return uses
+
+
 def check_shape(spec: JobCreate) -> None:
     """Rules between a spec's fields that hold whatever the workers are."""
+    if spec.strategy == Strategy.single and spec.devices != 1:
+        raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")
+    if is_script(spec):
+        _check_script(spec)
+    else:
+        _check_recipe(spec)
+
+
+def _check_script(spec: JobCreate) -> None:
+    if spec.recipe is not None:
+        raise SpecInvalid.at(
+            ("entrypoint",), "a job runs a recipe or a script (entrypoint), not both"
+        )
+    if spec.code is None:
+        raise SpecInvalid.at(
+            ("code",),
+            "a script job runs in its code package: upload a zip with PUT "
+            "/api/v1/blobs/{digest} and give that digest as code",
+        )
+    defaults = JobCreate.model_fields
+    for name in RECIPE_ONLY:
+        if getattr(spec, name) != defaults[name].get_default(call_default_factory=True):
+            raise SpecInvalid.at(
+                (name,),
+                f"{name} is a recipe setting; a script job takes its own arguments in entrypoint",
+            )
+
+
+def _check_recipe(spec: JobCreate) -> None:
+    if spec.recipe is None:
+        raise SpecInvalid.at(
+            ("recipe",),
+            "give a recipe (GET /api/v1/recipes), or code and entrypoint to run a script",
+        )
+    if spec.code is not None:
+        raise SpecInvalid.at(
+            ("code",),
+            "a recipe job runs a recipe the workers have; code is for script jobs "
+            "(give entrypoint too)",
+        )
+    for name in SCRIPT_ONLY:
+        if getattr(spec, name) is not None:
+            raise SpecInvalid.at((name,), f"{name} is for script jobs (give code and entrypoint)")
     strategy = resolve_strategy(spec.strategy, spec.devices)
     if strategy == Strategy.ddp and spec.batch_size % spec.devices:
         raise SpecInvalid.at(
@@ -66,5 +130,3 @@ def check_shape(spec: JobCreate) -> None:
             f"ddp gives each of the {spec.devices} ranks batch_size/devices samples: "
             f"batch_size must be a multiple of devices (got {spec.batch_size})",
         )
-    if spec.strategy == Strategy.single and spec.devices != 1:
-        raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")

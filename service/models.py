@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, StringConstraints
 from sqlalchemy import JSON, DateTime, Index, Row, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
+
+# A blob's name: the SHA-256 of its bytes.
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+DIGEST_MAX = len("sha256:") + 64
+Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
+# A data file's name under $TRAINYARD_INPUT_DIR: one plain file name, not hidden.
+DataName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")]
+Argument = Annotated[str, StringConstraints(max_length=10_000)]
+Requirement = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 
 
 def utcnow() -> datetime:
@@ -89,11 +98,45 @@ class JobBase(SQLModel):
     """The job spec: what to train and how."""
 
     name: str | None = Field(None, max_length=100, description="A label for people.")
-    recipe: str = Field(max_length=100, description="A registered recipe, see GET /api/v1/recipes.")
+    recipe: str | None = Field(
+        None,
+        max_length=100,
+        description="A registered recipe, see GET /api/v1/recipes; or leave it out and "
+        "give code and entrypoint to run your own script.",
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
         sa_type=JSON,
         description="The recipe's own parameters, validated by its JSON schema.",
+    )
+    code: str | None = Field(
+        None,
+        max_length=DIGEST_MAX,
+        regex=DIGEST_PATTERN,
+        description="A code package (zip) stored with PUT /api/v1/blobs/{digest}: a script "
+        "job's working directory.",
+    )
+    entrypoint: list[Argument] | None = Field(
+        None,
+        sa_type=JSON(none_as_null=True),
+        min_length=1,
+        max_length=1000,
+        description='What a script job runs in its package, e.g. ["python", "train.py", '
+        '"--epochs", "3"]. ddp starts it once per device through torchrun.',
+    )
+    data: dict[DataName, Digest] | None = Field(
+        None,
+        sa_type=JSON(none_as_null=True),
+        max_length=100,
+        description="Blobs a script job reads, each placed read-only at "
+        '$TRAINYARD_INPUT_DIR/<name>: {"digits.npz": "sha256:..."}.',
+    )
+    requirements: list[Requirement] | None = Field(
+        None,
+        sa_type=JSON(none_as_null=True),
+        max_length=500,
+        description="pip requirement lines, installed into a virtualenv on the worker's own "
+        "packages (torch is never reinstalled); default: the package's requirements.txt.",
     )
     strategy: Strategy = Field(
         Strategy.auto,
@@ -275,7 +318,8 @@ class Metric(SQLModel, table=True):
     name: str = Field(primary_key=True, max_length=100)
     step: int = Field(primary_key=True)
     epoch: int
-    value: float
+    # None: the value was not finite (NaN, inf); stored so the series shows the gap
+    value: float | None
     time: float = Field(description="Unix seconds.")
     seq: int = Field(description="The job's event number, for the event stream.")
 
@@ -284,7 +328,7 @@ class MetricRead(SQLModel):
     step: int
     epoch: int
     name: str
-    value: float
+    value: float | None = Field(description="null where the value was NaN or infinite.")
     time: float
 
 

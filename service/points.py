@@ -17,7 +17,7 @@ class MetricPoint:
     name: str
     step: int
     epoch: int
-    value: float
+    value: float | None  # None: not finite (JSON has no NaN)
     time: float  # Unix seconds
 
     def as_dict(self) -> dict[str, Any]:

@@ -33,6 +33,8 @@ class ReasonCode(StrEnum):
     bad_spec = "bad_spec"  # the spec cannot run on this worker (dp on CPU, say)
     bad_params = "bad_params"  # the recipe refused its params
     unknown_recipe = "unknown_recipe"  # the worker that claimed it has no such recipe
+    missing_input = "missing_input"  # a blob it names is no longer stored
+    requirements_failed = "requirements_failed"  # pip could not install its requirements
 
 
 # Codes a queued job shows as they are; any other code on a queued job says why it was

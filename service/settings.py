@@ -65,6 +65,21 @@ class Settings(BaseSettings):
         3600.0, gt=0, description="Seconds between the API's sweeps of expired blobs."
     )
 
+    # Script jobs, on the worker.
+    api_url: str | None = Field(
+        None,
+        description="Where a worker fetches blobs it does not have on its own disk (other "
+        "boxes); default http://<host>:<port>. Sends api_token when set.",
+    )
+    cache_dir: Path | None = Field(
+        None,
+        description="A worker's unpacked code packages, fetched blobs and requirement "
+        "virtualenvs; default <data_dir>/cache.",
+    )
+    requirements_timeout_s: float = Field(
+        900.0, gt=0, description="Seconds: the longest a job's pip install may take."
+    )
+
     # Worker knobs (seconds).
     lease_s: float = Field(
         15.0, gt=0, description="A job whose worker is silent this long goes back to the queue."

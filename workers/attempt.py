@@ -56,6 +56,7 @@ class Attempt:
         then."""
         self.fence = claim.fence
         self.job_id = claim.fence.job_id
+        self.script = claim.script
         self.devices = devices
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the runner leads its own group
@@ -166,7 +167,11 @@ class Attempt:
         return self.stop_reason == StopReason.lease_lost
 
     def saw_step(self, step: int | None, now: float) -> float:
-        """Record the step the job last reported; returns how long it has not moved."""
+        """Record the step the job last reported; returns how long it has not moved.
+
+        A script that has reported no step yet is not judged: it may never report one."""
+        if step is None and self.script:
+            self._last_advance = now
         if step != self._last_step:
             self._last_step, self._last_advance = step, now
         return now - self._last_advance

@@ -20,11 +20,20 @@ from workers.training import RunSpec
 
 def record(spec: RunSpec, recipe: Recipe, *, worker_id: str | None) -> dict[str, Any]:
     """Resolved spec and seed, software versions, hardware, host, worker, packages, recipe."""
-    cuda = spec.accelerator == Accelerator.cuda
-    devices = [int(d) for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
     return {
         "spec": {k: v for k, v in spec.as_dict().items() if k not in ("job_dir", "recipes_dir")},
         "seed": spec.seed,
+        **machine(spec.accelerator, worker_id=worker_id),
+        "recipe": recipe.name,
+        "recipe_source_sha256": recipe.source_hash(),
+    }
+
+
+def machine(accelerator: Accelerator | str, *, worker_id: str | None) -> dict[str, Any]:
+    """Software versions, hardware, host, worker and installed packages."""
+    cuda = accelerator == Accelerator.cuda
+    devices = [int(d) for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         # Library versions only: nothing here may initialise CUDA, or the ranks forked
@@ -36,8 +45,6 @@ def record(spec: RunSpec, recipe: Recipe, *, worker_id: str | None) -> dict[str,
         "hostname": platform.node(),
         "worker_id": worker_id,
         "packages_sha256": packages_hash(),
-        "recipe": recipe.name,
-        "recipe_source_sha256": recipe.source_hash(),
     }
 
 

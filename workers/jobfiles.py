@@ -2,12 +2,17 @@
 
     jobs/<id>/model.safetensors        the final weights (an artifact)
     jobs/<id>/spec.json                the resolved spec and environment (an artifact)
-    jobs/<id>/checkpoints/*.pt         where a later attempt resumes (artifacts)
+    jobs/<id>/checkpoints/             where a later attempt resumes (artifacts); a
+                                       script's $TRAINYARD_CHECKPOINT_DIR
+    jobs/<id>/output/                  a script's $TRAINYARD_OUTPUT_DIR (artifacts)
+    jobs/<id>/.inputs/                 a script's $TRAINYARD_INPUT_DIR: its data files
     jobs/<id>/.runner/                 the runner's hand-offs, hidden from the API:
         attempt-<n>.json               how attempt n ended (runner -> supervisor)
         attempt-<n>-result.json        rank 0's final metrics (rank 0 -> runner)
         attempt-<n>-rank-<r>-error.json  a rank's own error report (rank -> runner)
         metrics-flushed                the last step whose metric points are stored
+        attempt-<n>-metrics.jsonl      a script's $TRAINYARD_METRICS_FILE
+        torchrun/                      torchrun's copies of a ddp script's rank output
 
 Every file here is written whole or not at all (``write_atomic``): a kill at any moment
 leaves the old file or the new one, never half of one.
@@ -25,6 +30,8 @@ from service.artifacts import job_dir
 MODEL_FILE = "model.safetensors"
 SPEC_FILE = "spec.json"
 CHECKPOINTS = "checkpoints"
+OUTPUT = "output"
+INPUTS = ".inputs"
 RUNNER = ".runner"
 
 
@@ -51,6 +58,14 @@ class JobFiles:
         return self.root / CHECKPOINTS
 
     @property
+    def output(self) -> Path:
+        return self.root / OUTPUT
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / INPUTS
+
+    @property
     def flushed_marker(self) -> Path:
         return self.root / RUNNER / "metrics-flushed"
 
@@ -60,12 +75,20 @@ class JobFiles:
     def result(self, attempt: int) -> Path:
         return self.root / RUNNER / f"attempt-{attempt}-result.json"
 
+    def metrics_file(self, attempt: int) -> Path:
+        return self.root / RUNNER / f"attempt-{attempt}-metrics.jsonl"
+
+    @property
+    def torchrun_logs(self) -> Path:
+        return self.root / RUNNER / "torchrun"
+
     def rank_error(self, attempt: int, rank: int) -> Path:
         return self.root / RUNNER / f"attempt-{attempt}-rank-{rank}-error.json"
 
     def clear_attempt(self, attempt: int) -> None:
         """Remove the hand-offs an earlier run of this attempt number left behind."""
-        for path in (self.outcome(attempt), self.result(attempt), *self.rank_errors(attempt)):
+        hand_offs = (self.outcome(attempt), self.result(attempt), self.metrics_file(attempt))
+        for path in (*hand_offs, *self.rank_errors(attempt)):
             path.unlink(missing_ok=True)
 
     def rank_errors(self, attempt: int) -> list[Path]:

@@ -18,11 +18,12 @@ from pydantic import BaseModel
 
 from service import store
 from service.db import make_engine
-from service.models import Strategy
+from service.jobspec import resolve_strategy
+from service.models import Job, Strategy
 from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence, load_job
-from workers import environment, strategies
+from workers import environment, script, strategies
 from workers.errors import NotRetryable, describe
 from workers.jobfiles import JobFiles
 from workers.outcome import RunnerReport
@@ -50,10 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     prefix_stdio("[runner] ", args.job_id)
     stop_on_sigterm()  # checkpoint and stop (ddp: the ranks do; this process waits for them)
     try:
-        spec, recipe, params = prepare(settings, fence, args.accelerator, args.threads)
-        result = strategies.run(spec, DbReports(settings, fence), recipe=recipe, params=params)
-        report = RunnerReport(ok=True, result=result)
-        log.info("attempt %d succeeded: %s", args.attempt, json.dumps(result))
+        job = _load(settings, fence)
+        if job.entrypoint is not None:
+            report = _run_script(settings, fence, job, args.accelerator, args.threads)
+        else:
+            spec, recipe, params = prepare(settings, fence, job, args.accelerator, args.threads)
+            result = strategies.run(spec, DbReports(settings, fence), recipe=recipe, params=params)
+            report = RunnerReport(ok=True, result=result)
+        if report.ok:
+            log.info("attempt %d succeeded: %s", args.attempt, json.dumps(report.result))
     except Preempted as stop:
         log.info("attempt %d: %s", args.attempt, stop)
         report = RunnerReport(ok=False, preempted=str(stop))
@@ -65,14 +71,55 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
-def prepare(
-    settings: Settings, fence: Fence, accelerator: str, threads: int
-) -> tuple[RunSpec, Recipe, BaseModel]:
-    """Load the job and its recipe, resolve the spec, record the environment."""
+def _load(settings: Settings, fence: Fence) -> Job:
+    """The job's row, as the runner starts."""
     engine = make_engine(settings)
     try:
-        job = load_job(engine, fence.job_id)
-        recipe = load_recipes(settings.recipes_dir).get(job.recipe)
+        return load_job(engine, fence.job_id)
+    finally:
+        engine.dispose()  # no connection crosses a fork
+
+
+def _run_script(
+    settings: Settings, fence: Fence, job: Job, accelerator: str, threads: int
+) -> RunnerReport:
+    """A script job: its package, data and virtualenv ready, then the script itself."""
+    prepared = script.prepare(
+        settings, job, fence.attempt, accelerator=accelerator, threads=threads
+    )
+    record = {
+        "spec": {
+            "strategy": resolve_strategy(job.strategy, job.devices),
+            "accelerator": accelerator,
+            "devices": job.devices,
+            "code": job.code,
+            "entrypoint": job.entrypoint,
+            "data": job.data,
+            "requirements": job.requirements,
+            "threads": threads,
+            "attempt": fence.attempt,
+        },
+        "seed": job.seed,
+        "python_executable": prepared.argv[0],
+        **environment.machine(accelerator, worker_id=job.worker_id),
+    }
+    engine = make_engine(settings)
+    try:
+        files = JobFiles.of(settings.data_dir, fence.job_id)
+        environment.write_spec(files, record)
+        store.record_environment(engine, fence, record)
+    finally:
+        engine.dispose()
+    return script.run(settings, fence, prepared)
+
+
+def prepare(
+    settings: Settings, fence: Fence, job: Job, accelerator: str, threads: int
+) -> tuple[RunSpec, Recipe, BaseModel]:
+    """Load the job's recipe, resolve the spec, record the environment."""
+    engine = make_engine(settings)
+    try:
+        recipe = load_recipes(settings.recipes_dir).get(job.recipe or "")
         if recipe is None:
             raise NotRetryable(
                 ReasonCode.unknown_recipe, f"this worker has no recipe {job.recipe!r}"

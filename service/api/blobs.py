@@ -9,27 +9,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
+from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sqlalchemy import Engine
 
 from service import blob_rows, blob_upkeep
-from service.api.deps import EngineDep, SettingsDep, pooled
+from service.api.deps import BlobStoreDep, EngineDep, SettingsDep, pooled
 from service.blob_rows import BlobList, BlobRead
-from service.blobs import DIGEST_PATTERN, MAX_BLOB_SETTING, BlobStore
+from service.blobs import MAX_BLOB_SETTING
 from service.db import read_session, write_session
 from service.errors import BlobNotFound, BlobTooLarge
+from service.models import DIGEST_PATTERN
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
 
 
-async def get_blob_store(request: Request) -> BlobStore:
-    store: BlobStore = request.app.state.blobs
-    return store
-
-
-BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
 Digest = Annotated[
     str,
     Path(

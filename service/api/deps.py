@@ -19,6 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 
+from service.blobs import BlobStore
 from service.catalog import Catalog, CatalogCache
 from service.settings import Settings
 
@@ -55,7 +56,13 @@ async def get_fresh_catalog(request: Request) -> Catalog:
     return await run_in_threadpool(cache.get, request.app.state.engine, fresh=True)
 
 
+async def get_blob_store(request: Request) -> BlobStore:
+    store: BlobStore = request.app.state.blobs
+    return store
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
 CatalogDep = Annotated[Catalog, Depends(get_catalog)]
 FreshCatalogDep = Annotated[Catalog, Depends(get_fresh_catalog)]
 CatalogsDep = Annotated[CatalogCache, Depends(get_catalogs)]

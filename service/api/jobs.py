@@ -13,10 +13,18 @@ from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from sqlmodel import col, select
 
 from service import store
-from service.api.deps import CatalogDep, CatalogsDep, EngineDep, SettingsDep, pooled
+from service.api.deps import (
+    BlobStoreDep,
+    CatalogDep,
+    CatalogsDep,
+    EngineDep,
+    SettingsDep,
+    pooled,
+)
 from service.artifacts import artifact_path, list_artifacts
 from service.catalog import waiting_reason
 from service.db import read_session
+from service.inputs import check_inputs
 from service.models import (
     JOB_EXAMPLE,
     JobCreate,
@@ -28,6 +36,7 @@ from service.models import (
     Metric,
     MetricRead,
 )
+from service.packages import PackageLimits
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -43,6 +52,8 @@ async def submit_job(
     response: Response,
     engine: EngineDep,
     catalogs: CatalogsDep,
+    settings: SettingsDep,
+    blobs: BlobStoreDep,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=200, description="Retries with the same key return the same job."),
@@ -53,7 +64,10 @@ async def submit_job(
     # catalog expired, would refuse the spec or knows no worker; an Idempotency-Key is
     # looked up first).
     reason = catalogs.check_cached(spec) or await run_in_threadpool(catalogs.check, engine, spec)
-    if idempotency_key is None:
+    if spec.code is not None:  # its own code and data: stored, and the package safe
+        limits = PackageLimits.from_settings(settings)
+        await run_in_threadpool(check_inputs, engine, blobs, limits, spec)
+    if idempotency_key is None and spec.code is None:
         job, created = await store.enqueue_job(engine, spec, reason), True
     else:
         job, created = await run_in_threadpool(
@@ -97,11 +111,21 @@ def get_job(job_id: int, engine: EngineDep, catalog: CatalogDep) -> JobRead:
     "/{job_id}/rerun", status_code=status.HTTP_201_CREATED, summary="Submit an identical job"
 )
 @pooled
-def rerun_job(job_id: int, response: Response, engine: EngineDep, catalogs: CatalogsDep) -> JobRead:
-    """A new job with this one's spec: recipe, params, seed and every other field."""
+def rerun_job(
+    job_id: int,
+    response: Response,
+    engine: EngineDep,
+    catalogs: CatalogsDep,
+    settings: SettingsDep,
+    blobs: BlobStoreDep,
+) -> JobRead:
+    """A new job with this one's spec: recipe or code, params, data, seed and every other
+    field. A script job's blobs must still be stored."""
     with read_session(engine) as session:  # closed before waiting for the write lock
         spec = store.spec_of(store.get_job(session, job_id))
-    job, _ = store.create_job(engine, spec, reason=catalogs.check(engine, spec))
+    reason = catalogs.check(engine, spec)
+    check_inputs(engine, blobs, PackageLimits.from_settings(settings), spec)
+    job, _ = store.create_job(engine, spec, reason=reason)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return JobRead.from_row(job)
 

@@ -1,12 +1,13 @@
 """The ``trainyard`` command.
 
 ``service.cli.service`` runs the service on this box (migrate, serve, worker, up);
-``service.cli.jobs`` talks to a running one over HTTP (submit, ls, status, logs, cancel).
+``service.cli.jobs`` talks to a running one over HTTP (submit, ls, status, logs, cancel),
+``service.cli.blobs`` uploads and manages blobs (``--code`` packs with ``service.cli.pack``).
 """
 
 from __future__ import annotations
 
-from service.cli import jobs, service  # noqa: F401  (each registers its commands on app)
+from service.cli import blobs, jobs, service  # noqa: F401  (each registers its commands)
 from service.cli.app import app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,39 +15,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from service.cli.app import app
+from service.cli.blobs import upload
+from service.cli.http import DEFAULT_URL, TokenOpt, UrlOpt, call, connect
+from service.cli.pack import Packed, PackError, pack
+from service.settings import Settings
 
-UrlOpt = Annotated[str, typer.Option("--url", envvar="TRAINYARD_URL", help="Server to talk to.")]
-TokenOpt = Annotated[
-    str | None, typer.Option("--token", envvar="TRAINYARD_API_TOKEN", help="Bearer token.")
-]
-DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = {"succeeded", "failed", "cancelled"}
+DEFAULT_CODE_LIMIT = Settings.model_fields["max_code_bytes"].default
+PACKAGE_WARN_BYTES = DEFAULT_CODE_LIMIT // 2
 FOLLOW_POLL_S = 0.5
-
-
-def _client(url: str, token: str | None) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers, timeout=30)
-
-
-def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
-    try:
-        response = client.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        typer.echo(f"error: cannot reach {client.base_url}: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    if response.is_error:
-        try:
-            detail = response.json().get("detail")
-        except ValueError:
-            detail = response.text
-        if isinstance(detail, list):
-            detail = "; ".join(
-                f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail
-            )
-        typer.echo(f"error {response.status_code}: {detail}", err=True)
-        raise typer.Exit(1)
-    return response.json()
 
 
 def _parse_param(item: str) -> tuple[str, Any]:
@@ -61,8 +38,32 @@ def _parse_param(item: str) -> tuple[str, Any]:
 
 @app.command()
 def submit(
-    file: Annotated[Path | None, typer.Argument(help="Job spec, YAML or JSON.")] = None,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="A job spec file (YAML or JSON); with --code, the command to run, after --.",
+            show_default=False,
+        ),
+    ] = None,
     recipe: Annotated[str | None, typer.Option(help="Recipe (instead of a file).")] = None,
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            help="Run your own script: this directory is packed (honouring .gitignore and "
+            ".trainyardignore) and uploaded; give the command after --.",
+            file_okay=False,
+        ),
+    ] = None,
+    data: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=FILE: upload FILE, placed at $TRAINYARD_INPUT_DIR/NAME."),
+    ] = None,
+    requirements: Annotated[
+        Path | None,
+        typer.Option(
+            help="pip requirements file for the script (default: the package's).", dir_okay=False
+        ),
+    ] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="key=value")] = None,
     strategy: Annotated[str | None, typer.Option()] = None,
     devices: Annotated[int | None, typer.Option()] = None,
@@ -76,6 +77,11 @@ def submit(
 ) -> None:
     """Submit a job; prints its id (with --follow, exits 0 only if it succeeds)."""
     spec: dict[str, Any] = {}
+    file = None
+    if code is None and args:
+        if len(args) > 1:
+            raise typer.BadParameter("give one spec file (a command needs --code)")
+        file = Path(args[0])
     if file is not None:
         try:
             loaded = yaml.safe_load(file.read_text())  # YAML is a superset of JSON
@@ -96,13 +102,65 @@ def submit(
     spec.update({k: v for k, v in options.items() if v is not None})
     if param:
         spec["params"] = {**spec.get("params", {}), **dict(_parse_param(p) for p in param)}
-    if "recipe" not in spec:
-        raise typer.BadParameter("give a spec file or --recipe")
-    with _client(url, token) as client:
-        job = _call(client, "POST", "/jobs", json=spec)
+    if code is not None:
+        if not args:
+            raise typer.BadParameter("give the command to run after --, e.g. -- python train.py")
+        spec["entrypoint"] = list(args)
+        if requirements is not None:
+            spec["requirements"] = requirements.read_text().splitlines()
+    elif data or requirements:
+        raise typer.BadParameter("--data and --requirements are for scripts (give --code)")
+    elif "recipe" not in spec and "entrypoint" not in spec:
+        raise typer.BadParameter("give a spec file, --recipe, or --code DIR -- COMMAND")
+    with connect(url, token) as client:
+        if code is not None:
+            spec.update(_upload_inputs(client, code, data or []))
+        job = call(client, "POST", "/jobs", json=spec)
         typer.echo(job["id"])
         if follow:
             raise typer.Exit(_follow(client, job["id"]))
+
+
+def _upload_inputs(client: httpx.Client, code: Path, data: list[str]) -> dict[str, Any]:
+    """Pack and upload the code, upload the data files: their digests, as spec fields."""
+    console = Console(stderr=True)
+    files: dict[str, Path] = {}
+    for item in data:
+        name, sep, path = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"--data wants NAME=FILE, got {item!r}")
+        files[name] = Path(path)
+        if not files[name].is_file():
+            raise typer.BadParameter(f"--data {name}: no such file {path}")
+    with tempfile.TemporaryDirectory(prefix="trainyard-pack-") as tmp:
+        try:
+            packed = pack(code, Path(tmp) / "package.zip")
+        except PackError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--code") from exc
+        _warn_if_large(console, packed, code)
+        digest = upload(client, packed.path, label=f"code {code}", console=console)
+    return {
+        "code": digest,
+        "data": {
+            name: upload(client, path, label=f"data {name}", console=console)
+            for name, path in files.items()
+        }
+        or None,
+    }
+
+
+def _warn_if_large(console: Console, packed: Packed, code: Path) -> None:
+    """Past half the server's default limit, say which files make it big."""
+    total = packed.path.stat().st_size
+    if total < PACKAGE_WARN_BYTES:
+        return
+    largest = sorted(packed.files, key=lambda f: -f[1])[:5]
+    names = ", ".join(f"{name} ({size / 2**20:.1f} MiB)" for name, size in largest)
+    console.print(
+        f"[yellow]warning:[/] the package of {code} is {total / 2**20:.1f} MiB (the server's "
+        f"default limit is {DEFAULT_CODE_LIMIT // 2**20} MiB); largest files: {names}. Leave "
+        "data out with .trainyardignore and pass it with --data."
+    )
 
 
 def _follow(client: httpx.Client, job_id: int) -> int:
@@ -119,7 +177,7 @@ def _follow(client: httpx.Client, job_id: int) -> int:
             "", total=None, job=job_id, status="queued", epoch="-", loss="-", eta="-"
         )
         while True:
-            job = _call(client, "GET", f"/jobs/{job_id}")
+            job = call(client, "GET", f"/jobs/{job_id}")
             p = job.get("progress") or {}
             bar.update(
                 task,
@@ -145,11 +203,11 @@ def status(
     token: TokenOpt = None,
 ) -> None:
     """Show one job in full, or the newest jobs."""
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         if job_id is not None:
-            typer.echo(json.dumps(_call(client, "GET", f"/jobs/{job_id}"), indent=2))
+            typer.echo(json.dumps(call(client, "GET", f"/jobs/{job_id}"), indent=2))
             return
-        _print_jobs(_call(client, "GET", "/jobs", params={"limit": 20})["items"])
+        _print_jobs(call(client, "GET", "/jobs", params={"limit": 20})["items"])
 
 
 @app.command("ls")
@@ -163,15 +221,16 @@ def list_jobs(
     params: dict[str, Any] = {"limit": limit}
     if status_:
         params["status"] = status_
-    with _client(url, token) as client:
-        _print_jobs(_call(client, "GET", "/jobs", params=params)["items"])
+    with connect(url, token) as client:
+        _print_jobs(call(client, "GET", "/jobs", params=params)["items"])
 
 
 def _print_jobs(jobs: list[dict[str, Any]]) -> None:
     for job in jobs:
         reason = (job.get("reason") or {}).get("message", "")
+        what = job["recipe"] or " ".join(job["entrypoint"] or [])[:20]
         typer.echo(
-            f"{job['id']:>6}  {job['status']:<10}  {job['recipe']:<20}  "
+            f"{job['id']:>6}  {job['status']:<10}  {what:<20}  "
             f"{job['strategy']:<6} x{job['devices']}  {reason}"
         )
 
@@ -185,17 +244,17 @@ def logs(
 ) -> None:
     """Print a job's log lines (with -f, until the job ends)."""
     after = 0
-    with _client(url, token) as client:
+    with connect(url, token) as client:
         while True:
-            lines = _call(client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after})
+            lines = call(client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after})
             for line in lines:
                 typer.echo(line["text"])
                 after = line["seq"]
             if not follow:
                 return
-            if not lines and _call(client, "GET", f"/jobs/{job_id}")["status"] in TERMINAL:
+            if not lines and call(client, "GET", f"/jobs/{job_id}")["status"] in TERMINAL:
                 # one more read: lines may have landed between the two calls
-                for line in _call(
+                for line in call(
                     client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after}
                 ):
                     typer.echo(line["text"])
@@ -207,6 +266,6 @@ def logs(
 @app.command()
 def cancel(job_id: int, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """Cancel a job."""
-    with _client(url, token) as client:
-        job = _call(client, "POST", f"/jobs/{job_id}/cancel")
+    with connect(url, token) as client:
+        job = call(client, "POST", f"/jobs/{job_id}/cancel")
         typer.echo(f"job {job_id}: {job['status']}")

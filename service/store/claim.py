@@ -30,6 +30,7 @@ class Claim(NamedTuple):
     devices: int
     strategy: Strategy
     timeout_s: int | None
+    script: bool = False  # runs the user's entrypoint, not a recipe
 
 
 # The claim's SQL, built once. A claim runs these prebuilt statements with fresh
@@ -42,7 +43,8 @@ def _claimable(job: Any, devices: str, *, runnable: bool = True) -> list[Any]:
         queued(job),
         job.c.devices <= bindparam(devices),
         job.c.accelerator.in_(bindparam("accelerators", expanding=True)),
-        job.c.recipe.in_(bindparam("recipes", expanding=True)),
+        # a recipe this worker has, or a job that brings its own code
+        or_(job.c.recipe.in_(bindparam("recipes", expanding=True)), job.c.code.is_not(None)),
     ]
     if runnable:  # not waiting out a retry back-off
         where.append(or_(job.c.run_after.is_(None), job.c.run_after <= bindparam("now")))
@@ -51,7 +53,7 @@ def _claimable(job: Any, devices: str, *, runnable: bool = True) -> list[Any]:
 
 # What a claim reads back besides the fence (each column costs: ~40 of them made a
 # third of a claim's time in the worker).
-_CLAIM_SPEC = (_job.c.devices, _job.c.strategy, _job.c.timeout_s)
+_CLAIM_SPEC = (_job.c.devices, _job.c.strategy, _job.c.timeout_s, _job.c.recipe.is_(None))
 
 
 def _take_one() -> Any:
@@ -131,7 +133,7 @@ def claim_job(
     fit yet, unless that one has waited ``reserve_after_s``: then nothing else is claimed
     here until enough devices are free for it, so a large job cannot starve.
     """
-    if free_devices < 1 or not recipes:
+    if free_devices < 1:
         return None
     now = utcnow()
     params = {
@@ -160,8 +162,8 @@ def claim_job(
         ).one_or_none()  # exactly one row, or none: WHERE id = one id AND still queued
     if row is None:
         return None
-    job_id, attempt, token, *spec = row
-    return Claim(Fence(job_id, attempt, token), *spec)
+    job_id, attempt, token, devices, strategy, timeout_s, script = row
+    return Claim(Fence(job_id, attempt, token), devices, strategy, timeout_s, bool(script))
 
 
 def pending_count(engine: Engine, *, max_devices: int, accelerator: str, recipes: list[str]) -> int:

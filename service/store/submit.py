@@ -9,9 +9,11 @@ from sqlalchemy import Engine, Row, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
+from service import blob_rows
 from service.db import write_session
-from service.errors import IdempotencyConflict
+from service.errors import BlobNotFound, IdempotencyConflict, SpecInvalid
 from service.group_commit import Values, committer
+from service.jobspec import blob_uses
 from service.models import Job, JobCreate
 from service.reasons import ReasonCode
 from service.store.queries import spec_of
@@ -78,20 +80,36 @@ def _create_job(
     engine: Engine, spec: JobCreate, idempotency_key: str | None, reason: tuple[ReasonCode, str]
 ) -> tuple[Job, bool]:
     row = _row(spec, reason, idempotency_key)
-    if idempotency_key is None:  # the common case: batched with concurrent submits
+    uses = blob_uses(spec)
+    if idempotency_key is None and not uses:  # the common case: batched with other submits
         return Job(**committer(engine, _insert_jobs).submit(row)._mapping), True
     with write_session(engine) as session:
-        existing = session.exec(
-            select(Job).where(Job.idempotency_key == idempotency_key)
-        ).scalar_one_or_none()
-        if existing is not None:
-            if spec_of(existing) != spec:
-                raise IdempotencyConflict(
-                    f"Idempotency-Key {idempotency_key!r} was used for a different job "
-                    f"({existing.id})"
-                )
-            return existing, False
-        return Job(**_insert_jobs(session, [row])[0]._mapping), True
+        if idempotency_key is not None:
+            existing = session.exec(
+                select(Job).where(Job.idempotency_key == idempotency_key)
+            ).scalar_one_or_none()
+            if existing is not None:
+                if spec_of(existing) != spec:
+                    raise IdempotencyConflict(
+                        f"Idempotency-Key {idempotency_key!r} was used for a different job "
+                        f"({existing.id})"
+                    )
+                return existing, False
+        job = Job(**_insert_jobs(session, [row])[0]._mapping)
+        assert job.id is not None
+        _attach(session, job.id, uses)
+        return job, True
+
+
+def _attach(session: Session, job_id: int, uses: dict[str, str]) -> None:
+    """Record the job's blobs in its own transaction: a blob deleted or swept since the
+    submit was checked refuses the job, and none can go while the job is unfinished."""
+    try:
+        blob_rows.attach(session, job_id, uses)
+    except BlobNotFound as missing:
+        role = next(r for r, d in uses.items() if d == missing.digest)
+        where = ("code",) if role == "code" else ("data", role.removeprefix("data:"))
+        raise SpecInvalid.at(where, f"{missing}; it was removed after the check") from None
 
 
 def _insert_jobs(session: Session, rows: list[Values]) -> list[Row[Any]]:

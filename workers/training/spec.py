@@ -103,7 +103,7 @@ def resolve(
         ) from exc
     spec = RunSpec(
         job_id=job.id,
-        recipe=job.recipe,
+        recipe=recipe.name,
         params=params.model_dump(),
         strategy=strategy,
         accelerator=acc,

@@ -1,0 +1,40 @@
+"""Talking to a Trainyard server: its address and token options, and one way to call it
+that turns every failure into a message and an exit code."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="TRAINYARD_URL", help="Server to talk to.")]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", envvar="TRAINYARD_API_TOKEN", help="Bearer token.")
+]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def connect(url: str, token: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers, timeout=30)
+
+
+def call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    try:
+        response = client.request(method, path, **kwargs)
+    except httpx.HTTPError as exc:
+        typer.echo(f"error: cannot reach {client.base_url}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if response.is_error:
+        try:
+            detail = response.json().get("detail")
+        except ValueError:
+            detail = response.text
+        if isinstance(detail, list):
+            detail = "; ".join(
+                f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail
+            )
+        typer.echo(f"error {response.status_code}: {detail}", err=True)
+        raise typer.Exit(1)
+    return response.json() if response.content else None

@@ -1,0 +1,232 @@
+"""A script job's attempt: the user's own entrypoint, run in its unpacked package.
+
+``single`` and ``dp`` run the entrypoint as one process that sees the job's devices, with
+``MASTER_ADDR``/``MASTER_PORT`` free on loopback, so a script that calls ``mp.spawn`` and
+``init_process_group`` itself runs as it is. ``ddp`` starts it once per device through
+PyTorch's own launcher (``python -m torch.distributed.run``, c10d rendezvous on
+loopback): a script that runs under ``torchrun`` runs here unchanged.
+
+The script's environment is an allow-list (no database URL, no API token) plus the
+job's own variables (``job_env``). The runner follows ``$TRAINYARD_METRICS_FILE`` into
+the database, keeps the tail of the script's stderr for the job's ``error``, and turns
+how the script ended into the attempt's ``RunnerReport``.
+
+SIGTERM means "checkpoint now and exit": the supervisor sends it to the attempt's whole
+process group (torchrun passes it on to its ranks); a script that exits within the grace
+period after it goes back to the queue without spending an attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.jobspec import resolve_strategy
+from service.models import Job, Strategy
+from service.settings import Settings
+from service.store import Fence
+from workers.blob_cache import BlobCache
+from workers.jobfiles import JobFiles
+from workers.metrics_file import MetricsFile
+from workers.outcome import RunnerReport, how_it_ended
+from workers.reporter import DbReports
+from workers.venvs import python_for, requirement_lines
+
+log = logging.getLogger(__name__)
+
+# Variables a script inherits from the worker's environment; nothing else (the database
+# URL and the API token above all) reaches it.
+INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM")
+INHERITED_PREFIXES = ("LC_", "NCCL_", "GLOO_", "CUDA_", "NVIDIA_", "PIP_", "HF_", "TORCH_")
+LOOPBACK = "127.0.0.1"
+STDERR_TAIL_LINES = 30
+METRICS_POLL_S = 0.5
+JOB_PATH = Path(__file__).with_name("job_path")  # trainyard_job, on the script's PYTHONPATH
+DIE_WITH_PARENT = Path(__file__).with_name("die_with_parent.py")
+PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
+
+
+@dataclass(frozen=True)
+class Script:
+    """What the attempt runs, where, and with which environment."""
+
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    metrics: Path
+
+
+def prepare(
+    settings: Settings, job: Job, attempt: int, *, accelerator: str, threads: int
+) -> Script:
+    """Fetch and unpack the package, place the data, build the requirements' virtualenv."""
+    assert job.id is not None and job.code is not None and job.entrypoint is not None
+    files = JobFiles.of(settings.data_dir, job.id)
+    cache = BlobCache(settings)
+    package = cache.code(job.code)
+    _place_inputs(cache, job.data or {}, files.inputs)
+    for folder in (files.output, files.checkpoints):
+        folder.mkdir(parents=True, exist_ok=True)
+    metrics = files.metrics_file(attempt)
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.touch(mode=0o600)  # the script appends; the runner follows
+    cache_dir = cache.root
+    python = python_for(
+        requirement_lines(job.requirements, package),
+        cache_dir,
+        package,
+        timeout_s=settings.requirements_timeout_s,
+    )
+    env = job_env(job, attempt, files, accelerator=accelerator, threads=threads, python=python)
+    program, *args = job.entrypoint
+    argv = [python if program in PYTHON_NAMES else program, *args]
+    if resolve_strategy(job.strategy, job.devices) == Strategy.ddp:
+        argv = torchrun(argv, job.id, attempt, nproc=job.devices, logs=files.torchrun_logs)
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank ${rank}] "
+    return Script(argv, package, env, metrics)
+
+
+def job_env(
+    job: Job, attempt: int, files: JobFiles, *, accelerator: str, threads: int, python: str
+) -> dict[str, str]:
+    """The script's environment: the allow-list, then the job's own variables."""
+    assert job.id is not None
+    env = {
+        k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)
+    }
+    bin_dir = str(Path(python).parent)
+    env.update(
+        PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
+        PYTHONPATH=str(JOB_PATH),
+        PYTHONUNBUFFERED="1",  # lines reach the job's log as they are printed
+        OMP_NUM_THREADS=str(threads),
+        MASTER_ADDR=LOOPBACK,
+        MASTER_PORT=str(free_port()),
+        TRAINYARD_JOB_ID=str(job.id),
+        TRAINYARD_ATTEMPT=str(attempt),
+        TRAINYARD_DEVICES=str(job.devices),
+        TRAINYARD_ACCELERATOR=accelerator,
+        TRAINYARD_OUTPUT_DIR=str(files.output),
+        TRAINYARD_CHECKPOINT_DIR=str(files.checkpoints),
+        TRAINYARD_INPUT_DIR=str(files.inputs),
+        TRAINYARD_METRICS_FILE=str(files.metrics_file(attempt)),
+    )
+    if accelerator == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job must not find the box's GPUs
+    return env
+
+
+def torchrun(argv: list[str], job_id: int, attempt: int, *, nproc: int, logs: Path) -> list[str]:
+    """The command that starts ``argv`` once per device through torch.distributed.run.
+
+    Each rank goes through die_with_parent (torchrun gives it a session of its own), and
+    torchrun tees every rank's output into the log, each line behind "[rank N] " (its
+    copies under ``logs`` are hidden from the artifacts)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1",
+        "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{LOOPBACK}:{free_port()}",
+        "--rdzv-id", f"trainyard-job-{job_id}-attempt-{attempt}",
+        "--max-restarts", "0",  # a failed attempt is the supervisor's to retry
+        "--tee", "3",
+        "--log-dir", str(logs),
+        "--no-python",
+        sys.executable, "-I", str(DIE_WITH_PARENT),
+        *argv,
+    ]  # fmt: skip
+
+
+def run(settings: Settings, fence: Fence, script: Script) -> RunnerReport:
+    """Run the script to its end, following its metrics; how it ended, as a report."""
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
+    tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+    log.info("running %s in %s", " ".join(script.argv), script.cwd)
+    with DbReports(settings, fence).open() as reporter:
+        metrics = MetricsFile(script.metrics, reporter)
+        done = threading.Event()
+        follower = threading.Thread(
+            target=_follow, args=(metrics, done), name="metrics-file", daemon=True
+        )
+        follower.start()
+        try:
+            proc = subprocess.Popen(
+                script.argv,
+                cwd=script.cwd,
+                env=script.env,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,  # copied to ours, its tail kept for the error
+            )
+        except OSError as exc:  # no such program: the entrypoint is wrong
+            done.set()
+            follower.join()
+            return _failed(f"cannot start {script.argv[0]!r}: {exc}", [], retryable=False)
+        assert proc.stderr is not None
+        _copy_stderr(proc.stderr, tail)
+        returncode = proc.wait()
+        done.set()
+        follower.join()
+        metrics.poll()  # what it wrote last
+    how = how_it_ended(returncode)
+    if terminated.is_set():
+        return RunnerReport(ok=False, preempted=f"the script {how} after SIGTERM")
+    if returncode == 0:
+        return RunnerReport(ok=True, result=metrics.final())
+    return _failed(f"the script {how}", list(tail), retryable=True)
+
+
+def _follow(metrics: MetricsFile, done: threading.Event) -> None:
+    while not done.wait(METRICS_POLL_S):
+        metrics.poll()
+
+
+def _copy_stderr(stderr: Any, tail: deque[str]) -> None:
+    """Copy the script's stderr to ours, line by line, keeping the last lines."""
+    out = sys.__stderr__.buffer if sys.__stderr__ is not None else None
+    for line in iter(stderr.readline, b""):
+        tail.append(line.decode(errors="replace").rstrip("\n"))
+        if out is not None:
+            out.write(line)
+            out.flush()
+    stderr.close()
+
+
+def _failed(message: str, tail: list[str], *, retryable: bool) -> RunnerReport:
+    return RunnerReport(
+        ok=False,
+        error={
+            "type": "ScriptFailed",
+            "message": message,
+            "traceback": tail,
+            "rank": None,
+            "code": "error",
+            "retryable": retryable,
+        },
+    )
+
+
+def _place_inputs(cache: BlobCache, data: dict[str, str], folder: Path) -> None:
+    """Each data file at ``folder/<name>``: a link to the read-only cached blob."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():  # what an earlier attempt placed
+        entry.unlink()
+    for name, digest in data.items():
+        (folder / name).symlink_to(cache.blob(digest))
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,143 @@
+"""Virtualenvs for a script job's pip requirements, layered on the worker's own packages.
+
+One virtualenv per requirement set (its hash, with this interpreter's), built once under
+a file lock, kept in ``<cache_dir>/venvs/<hash>/`` and reused by every job that asks for
+the same set. It sees the worker's packages (torch is never reinstalled) through a
+``.pth`` file naming the worker's site-packages: ``--system-site-packages`` alone would
+reach the base interpreter's, not those of a worker that itself runs in a virtualenv.
+pip is the worker's own (``pip --python``), so a new virtualenv needs no pip of its own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+import venv
+from collections import deque
+from pathlib import Path
+
+from service.reasons import ReasonCode
+from workers.errors import NotRetryable
+
+log = logging.getLogger(__name__)
+
+PIP_TAIL_LINES = 30
+# The worker's packages, seen from every job virtualenv.
+LAYER_PTH = "_trainyard_worker.pth"
+READY = ".ready"  # written last: the virtualenv is whole
+
+
+def requirement_lines(requirements: list[str] | None, package: Path) -> list[str]:
+    """The job's requirement lines, else its package's requirements.txt, without comments
+    and blank lines."""
+    if requirements is None:
+        path = package / "requirements.txt"
+        requirements = path.read_text().splitlines() if path.is_file() else []
+    lines = [line.split(" #")[0].strip() for line in requirements]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def python_for(lines: list[str], cache_dir: Path, package: Path, *, timeout_s: float) -> str:
+    """The interpreter a script job runs: this one, or a virtualenv with ``lines``."""
+    if not lines:
+        return sys.executable
+    key = hashlib.sha256("\n".join([sys.executable, *sorted(lines)]).encode()).hexdigest()[:32]
+    root = cache_dir / "venvs"
+    target = root / key
+    python = str(target / "bin" / "python")
+    if (target / READY).exists():
+        return python
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be building the same set
+        if not (target / READY).exists():
+            _build(target, lines, package, timeout_s)
+    return python
+
+
+def _build(target: Path, lines: list[str], package: Path, timeout_s: float) -> None:
+    """Build the virtualenv where it will live (its scripts record their path), and mark
+    it ready last: one left half-built by a crash is removed and built again."""
+    shutil.rmtree(target, ignore_errors=True)
+    try:
+        venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(target)
+        paths = sysconfig.get_paths()
+        layers = dict.fromkeys([paths["purelib"], paths["platlib"]])  # once each, in order
+        (_site_packages(target) / LAYER_PTH).write_text("".join(f"{p}\n" for p in layers))
+        (target / "requirements.txt").write_text("\n".join(lines) + "\n")
+        _pip_install(target, lines, package, timeout_s)
+        (target / READY).write_text("")
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
+def _site_packages(root: Path) -> Path:
+    found = sorted(root.glob("lib/python*/site-packages"))
+    if not found:
+        raise RuntimeError(f"no site-packages in the new virtualenv {root}")
+    return found[0]
+
+
+def _pip_install(target: Path, lines: list[str], package: Path, timeout_s: float) -> None:
+    """pip's output goes to the job's log; a failure ends the job with pip's last lines."""
+    command = [
+        sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"),
+        "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+        "-r", str(target / "requirements.txt"),
+    ]  # fmt: skip
+    log.info("installing %d requirement(s) into a new virtualenv: %s", len(lines), lines)
+    tail: deque[str] = deque(maxlen=PIP_TAIL_LINES)
+    env = {**os.environ, "PIP_NO_CACHE_DIR": "0", "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(
+        command,
+        cwd=package,  # "./vendor/x.whl" lines are the package's own files
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+        errors="replace",
+    ) as pip:
+        assert pip.stdout is not None
+        try:
+            _copy_lines(pip, tail, timeout_s)
+        except subprocess.TimeoutExpired:
+            pip.kill()
+            raise NotRetryable(
+                ReasonCode.requirements_failed,
+                f"pip install took longer than {timeout_s:.0f}s (TRAINYARD_REQUIREMENTS_TIMEOUT_S)",
+            ) from None
+    if pip.returncode != 0:
+        last = "\n".join(tail)
+        offline = "No matching distribution" in last or "Failed to establish" in last
+        hint = " (is a package index reachable from this box?)" if offline else ""
+        raise NotRetryable(
+            ReasonCode.requirements_failed,
+            f"pip install failed with exit code {pip.returncode}{hint}:\n{last}"[:2000],
+        )
+
+
+def _copy_lines(pip: subprocess.Popen[str], tail: deque[str], timeout_s: float) -> None:
+    """Copy pip's lines to our stdout (the job's log), keeping the last few, until it exits
+    or ``timeout_s`` passes (TimeoutExpired)."""
+    assert pip.stdout is not None
+    stdout = pip.stdout
+
+    def copy() -> None:
+        for line in stdout:
+            tail.append(line.rstrip())
+            sys.stdout.write(f"[pip] {line}")
+        sys.stdout.flush()
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
+    pip.wait(timeout=timeout_s)
+    reader.join(timeout=5)
