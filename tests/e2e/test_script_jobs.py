@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.scripts import EXAMPLES, digits_file, put_blob, put_package
-from tests.stack import Stack
+from tests.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -79,3 +83,69 @@ def test_a_torchrun_script_runs_unchanged_under_ddp(stack: Stack, tmp_path: Path
     assert any(t.startswith("[rank 0] Epoch 2 | Training snapshot saved") for t in lines), lines
     assert {"output/model.pt", "checkpoints/snapshot.pt"} <= artifacts(stack, job["id"])
     assert done["progress"]["epoch"] == 2
+
+
+def script_pids(job_id: int, attempt: int) -> list[int]:
+    """Processes that run an attempt of the job's script (found by their environment)."""
+    marks = (f"TRAINYARD_JOB_ID={job_id}".encode(), f"TRAINYARD_ATTEMPT={attempt}".encode())
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(mark in env for mark in marks):
+            pids.append(int(entry.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def by_hand(tmp: Path, command: list[str]) -> dict[str, torch.Tensor]:
+    """The example run as its tutorial says (torchrun, no Trainyard): its final weights."""
+    out = tmp / "by-hand"
+    out.mkdir()
+    env = {**os.environ, "TRAINYARD_CHECKPOINT_DIR": str(out), "TRAINYARD_OUTPUT_DIR": str(out)}
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         *command, "--data", str(digits_file(tmp))],
+        cwd=EXAMPLES, env=env, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return torch.load(out / "model.pt")  # type: ignore[no-any-return]
+
+
+def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """kill -9 of the worker: its restart kills the old attempt's whole tree (torchrun, and
+    its ranks through their parent-death signal), and the retry finds the snapshot the
+    script left in $TRAINYARD_CHECKPOINT_DIR: the same weights as a run never stopped."""
+    command = ["torchrun_resume/train.py", "--epochs", "6"]
+    worker = stack.start_worker(lease_s=60)  # recovery by restart, not by lease expiry
+    job = submit_example(
+        stack, tmp_path, ["python", *command, "--step-delay", "0.05"], strategy="ddp", devices=2
+    )
+    wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 2, 90, "epoch 2")
+    first = script_pids(job["id"], 1)
+    assert len(first) >= 3  # torchrun and two ranks (each exec'd from die_with_parent)
+    worker.kill()
+    worker.wait()
+    stack.start_worker()
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done
+    assert not [pid for pid in first if alive(pid)]  # nothing of attempt 1 survived
+    lines = texts(stack, job["id"])
+    resumed = [t for t in lines if "Resuming training from snapshot at Epoch" in t]
+    assert resumed and int(resumed[0].split()[-1]) < 6, lines  # in the middle, not at the end
+    got = torch.load(stack.tmp / "data" / "jobs" / str(job["id"]) / "output" / "model.pt")
+    want = by_hand(tmp_path, command)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
