@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,35 @@ def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+def test_sigterm_means_checkpoint_and_stop_and_spends_no_attempt(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The contract for script authors: SIGTERM to the attempt's process group (torchrun
+    passes it to the ranks); a script that saves and exits in the grace period goes back
+    to the queue with its attempt unspent, and resumes."""
+    stack.start_worker(kill_grace_s=30)
+    job = submit_example(
+        stack,
+        tmp_path,
+        ["python", "torchrun_resume/train.py", "--epochs", "5", "--step-delay", "0.05"],
+        strategy="ddp",
+        devices=2,
+        max_attempts=1,  # a spent attempt would fail the job
+    )
+    wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 1, 90, "epoch 1")
+    os.killpg(stack.runner_pgid(job["id"]), signal.SIGTERM)
+    wait_for(
+        lambda: (
+            (stack.job(job["id"])["reason"] or {}).get("code") == "preempted"
+            or stack.job(job["id"])["status"] != "running"
+        ),
+        60,
+        "the job to be handed back",
+    )
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    lines = texts(stack, job["id"])
+    assert any("preempted: the script" in t and "after SIGTERM" in t for t in lines), lines
+    assert any("Resuming training from snapshot" in t for t in lines), lines

@@ -1,0 +1,85 @@
+"""Requirements: one virtualenv per requirement set, layered on the worker's packages
+(torch is there, never reinstalled), built once and reused; a failed install is its own
+reason, with pip's words. Installs a wheel made here, with no package index."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from service.reasons import ReasonCode
+from workers.errors import NotRetryable
+from workers.venvs import python_for, requirement_lines
+
+
+def make_wheel(folder: Path, name: str = "hello_ty", version: str = "0.1") -> Path:
+    """A minimal pure-Python wheel (a module and its metadata), as a build backend makes."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": b"GREETING = 'hello from a requirement'\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = "".join(f"{path},sha256={_b64sha(data)},{len(data)}\n" for path, data in files.items())
+    record += f"{dist}/RECORD,,\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name_, data in files.items():
+            zf.writestr(name_, data)
+        zf.writestr(f"{dist}/RECORD", record)
+    return path
+
+
+def _b64sha(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def test_requirement_lines_default_to_the_package_file(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("# tools\nnumpy==2.4.6  # pinned\n\nrich\n")
+    assert requirement_lines(None, tmp_path) == ["numpy==2.4.6", "rich"]
+    assert requirement_lines(["  six  ", "#x"], tmp_path) == ["six"]
+    assert requirement_lines(None, tmp_path / "none") == []
+
+
+def test_no_requirements_runs_the_workers_own_python(tmp_path: Path) -> None:
+    import sys
+
+    assert python_for([], tmp_path, tmp_path, timeout_s=60) == sys.executable
+
+
+@pytest.mark.slow
+def test_a_requirement_installs_once_into_a_layered_virtualenv(tmp_path: Path) -> None:
+    package = tmp_path / "package"
+    (package / "wheels").mkdir(parents=True)
+    wheel = make_wheel(package / "wheels")
+    lines = ["--no-index", f"./wheels/{wheel.name}"]
+    python = python_for(lines, tmp_path / "cache", package, timeout_s=120)
+    probe = "import hello_ty, torch; print(hello_ty.GREETING, torch.__file__)"
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    greeting, torch_file = out.stdout.rsplit(" ", 1)
+    assert greeting == "hello from a requirement"
+    assert not torch_file.startswith(str(tmp_path))  # the worker's torch, not a new one
+    again = python_for(list(reversed(lines)), tmp_path / "cache", package, timeout_s=120)
+    assert again == python  # the same set in another order: the same virtualenv
+    assert len(list((tmp_path / "cache" / "venvs").glob("*/.ready"))) == 1
+
+
+@pytest.mark.slow
+def test_a_failed_install_is_its_own_reason_with_pips_words(tmp_path: Path) -> None:
+    with pytest.raises(NotRetryable) as failed:
+        python_for(
+            ["--no-index", "no-such-package-trainyard==1.0"],
+            tmp_path / "cache",
+            tmp_path,
+            timeout_s=120,
+        )
+    assert failed.value.code == ReasonCode.requirements_failed
+    assert "No matching distribution" in str(failed.value)
+    assert "package index" in str(failed.value)  # the hint for a box without one
+    assert not list((tmp_path / "cache" / "venvs").glob("*/bin"))  # nothing half-built kept
