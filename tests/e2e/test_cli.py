@@ -12,14 +12,15 @@ import httpx
 import pytest
 
 from tests.stack import REPO, Stack, free_port, stack_env, wait_for
+from tests.workers.test_venvs import make_wheel
 
 pytestmark = pytest.mark.slow
 
 
 def cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args, "--url", stack.url],
-        env=stack.env,
+        [sys.executable, "-m", "service.cli", *args],
+        env={**stack.env, "TRAINYARD_URL": stack.url},
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -49,6 +50,69 @@ def test_submit_follow_exit_code_says_how_the_job_ended(stack: Stack, tmp_path: 
     assert logs.returncode == 0 and "attempt 1 started" in logs.stdout
     again = cli(stack, "cancel", str(job_id))
     assert again.returncode == 1 and "409" in again.stderr
+
+
+TRAIN_PY = """
+import os, sys
+import hello_ty, trainyard_job
+scale = int(sys.argv[sys.argv.index("--scale") + 1])
+rows = open(os.path.join(os.environ["TRAINYARD_INPUT_DIR"], "rows.csv")).read().split()
+total = scale * sum(map(int, rows))
+print(hello_ty.GREETING, "sum", total)
+print("ignored file packed:", os.path.exists("secret.txt"))
+print("secrets in env:", sorted(k for k in os.environ if "DATABASE" in k or "TOKEN" in k))
+trainyard_job.report(1, epoch=1, total_steps=1, total=total)
+with open(os.path.join(os.environ["TRAINYARD_OUTPUT_DIR"], "result.txt"), "w") as f:
+    f.write(str(total))
+"""
+
+
+def test_submit_code_packs_uploads_and_runs_a_script(stack: Stack, tmp_path: Path) -> None:
+    """`trainyard submit --code DIR --data NAME=FILE -- python train.py ...`: packed
+    (ignored files left out), uploaded once, requirements installed from the package's
+    requirements.txt (a wheel inside it: no index here), data in place, no secrets."""
+    stack.start_worker(env={"TRAINYARD_DATABASE_PASSWORD_HINT": "x"})
+    project = tmp_path / "project"
+    (project / "wheels").mkdir(parents=True)
+    wheel = make_wheel(project / "wheels")
+    (project / "train.py").write_text(TRAIN_PY)
+    (project / "requirements.txt").write_text(f"--no-index\n./wheels/{wheel.name}\n")
+    (project / ".gitignore").write_text("secret.txt\n")
+    (project / "secret.txt").write_text("do not ship")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("1\n2\n3\n")
+    command = ["--", "python", "train.py", "--scale", "2"]
+    args = ["submit", "--code", str(project), "--data", f"rows.csv={rows}", "--follow"]
+    first = cli(stack, *args, *command)
+    assert first.returncode == 0, first.stderr
+    job_id = int(first.stdout.strip())
+    logs = cli(stack, "logs", str(job_id)).stdout
+    assert "hello from a requirement sum 12" in logs, logs
+    assert "[pip] " in logs  # pip's own output, in the job's log
+    assert "ignored file packed: False" in logs and "secrets in env: []" in logs
+    assert stack.http.get(f"/jobs/{job_id}/artifacts/output/result.txt").text == "12"
+    assert stack.job(job_id)["result"] == {"total": 12.0}
+
+    again = cli(stack, *args, *command)  # the same files: nothing uploaded twice
+    assert again.returncode == 0 and again.stderr.count("already uploaded") == 2, again.stderr
+    code = stack.job(job_id)["code"]
+    listed = cli(stack, "blobs", "ls").stdout
+    assert code in listed and f"{job_id}:code" in listed
+    done = stack.wait_status(int(again.stdout.strip()), {"succeeded", "failed"})
+    assert done["status"] == "succeeded"
+    removed = cli(stack, "blobs", "rm", code)
+    assert removed.returncode == 0 and f"deleted {code}" in removed.stdout
+    assert stack.http.head(f"/blobs/{code}").status_code == 404
+
+
+def test_submit_code_refuses_a_link_out_of_the_directory(stack: Stack, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("")
+    (project / "key").symlink_to("/etc/hostname")
+    r = cli(stack, "submit", "--code", str(project), "--", "python", "train.py")
+    assert r.returncode == 2 and "symbolic link out of the directory" in r.stderr, r.stderr
+    assert stack.http.get("/jobs").json()["total"] == 0
 
 
 def test_cli_reports_a_bad_spec_with_the_field(stack: Stack) -> None:
