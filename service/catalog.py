@@ -185,7 +185,7 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
     workers = catalog.workers
     if not workers:
         return (ReasonCode.no_worker, "no worker has registered yet; the job waits for one")
-    if spec.recipe is not None:
+    if spec.recipe is not None and spec.code is None:  # a package's recipe: checked at claim
         _check_recipe(catalog, spec.recipe, spec.params)
     eligible = [w for w in workers if spec.accelerator in served_accelerators(w.accelerator)]
     if not eligible:  # every worker serves cpu and auto: only cuda can find none
@@ -237,7 +237,7 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
         w
         for w in alive
         if len(w.devices) >= job.devices
-        and (job.recipe is None or any(r["name"] == job.recipe for r in w.recipes))
+        and (job.code is not None or any(r["name"] == job.recipe for r in w.recipes))
         and job.accelerator in served_accelerators(w.accelerator)
     ]
     code: ReasonCode
@@ -245,7 +245,7 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
         code, text = ReasonCode.no_worker, "no worker is running; the job waits for one"
     elif not able:
         code = ReasonCode.no_worker
-        what = job.recipe or "scripts"
+        what = job.recipe if job.code is None else "jobs with their own code"
         text = f"no running worker offers {what} on {job.devices} device(s)"
     elif job.run_after is not None and job.run_after > now:  # a requeue: shown after its why
         code = ReasonCode.queued

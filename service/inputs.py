@@ -15,7 +15,7 @@ from service.db import read_session
 from service.errors import SpecInvalid
 from service.jobspec import blob_uses
 from service.models import JobCreate
-from service.packages import PackageLimits, check_package
+from service.packages import RECIPES_MODULE, PackageLimits, check_package
 
 
 def check_inputs(engine: Engine, blobs: BlobStore, limits: PackageLimits, spec: JobCreate) -> None:
@@ -33,9 +33,15 @@ def check_inputs(engine: Engine, blobs: BlobStore, limits: PackageLimits, spec: 
                 f"blob {digest} is not stored: upload it first with PUT /api/v1/blobs/{digest}",
             )
     if spec.code is not None:
-        check_package(
+        summary = check_package(
             blobs.path(spec.code),
             max_files=limits.max_files,
             max_unpacked_bytes=limits.max_unpacked_bytes,
             max_bytes=limits.max_bytes,
         )
+        if spec.recipe is not None and RECIPES_MODULE not in summary.names:
+            raise SpecInvalid.at(
+                ("code",),
+                f"the job runs recipe {spec.recipe!r} from its code package, which has no "
+                f"{RECIPES_MODULE} at its root to define it",
+            )

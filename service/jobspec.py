@@ -63,7 +63,7 @@ def strategy_problem(
 # Fields only Trainyard's own training loop reads: a script takes its own arguments.
 RECIPE_ONLY = ("params", "epochs", "batch_size", "lr", "optimizer", "precision", "checkpoint_every")
 # Fields only a script job reads.
-SCRIPT_ONLY = ("data", "requirements")
+SCRIPT_ONLY = ("requirements",)
 
 
 def is_script(spec: JobCreate | JobLike) -> bool:
@@ -114,11 +114,10 @@ def _check_recipe(spec: JobCreate) -> None:
             ("recipe",),
             "give a recipe (GET /api/v1/recipes), or code and entrypoint to run a script",
         )
-    if spec.code is not None:
+    # with code, the recipe is one the package defines (its trainyard_recipes.py)
+    if spec.data is not None and spec.code is None:
         raise SpecInvalid.at(
-            ("code",),
-            "a recipe job runs a recipe the workers have; code is for script jobs "
-            "(give entrypoint too)",
+            ("data",), "data is for jobs that bring code: a script, or a recipe of its package"
         )
     for name in SCRIPT_ONLY:
         if getattr(spec, name) is not None:

@@ -23,6 +23,9 @@ from service.errors import PackageInvalid
 from service.settings import Settings
 
 COPY_CHUNK_BYTES = 2**20
+# The module at a package's root that defines its recipes, for a job that runs a recipe
+# from its own code (workers.recipes.load_package_recipes imports it).
+RECIPES_MODULE = "trainyard_recipes.py"
 # Compression methods the standard library can read (3.11): anything else would only fail
 # later, on the worker.
 READABLE = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
@@ -48,6 +51,7 @@ class PackageLimits:
 class PackageSummary:
     files: int
     unpacked_bytes: int  # as the archive declares them
+    names: frozenset[str]  # of its files
 
 
 def check_package(
@@ -84,7 +88,7 @@ def check_package(
                 info.filename,
             )
     _check_parents(infos)
-    return PackageSummary(files, declared)
+    return PackageSummary(files, declared, frozenset(i.filename for i in infos if not i.is_dir()))
 
 
 def _check_parents(infos: list[zipfile.ZipInfo]) -> None:

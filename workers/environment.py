@@ -21,7 +21,11 @@ from workers.training import RunSpec
 def record(spec: RunSpec, recipe: Recipe, *, worker_id: str | None) -> dict[str, Any]:
     """Resolved spec and seed, software versions, hardware, host, worker, packages, recipe."""
     return {
-        "spec": {k: v for k, v in spec.as_dict().items() if k not in ("job_dir", "recipes_dir")},
+        "spec": {
+            k: v
+            for k, v in spec.as_dict().items()
+            if k not in ("job_dir", "recipes_dir", "package")
+        },
         "seed": spec.seed,
         **machine(spec.accelerator, worker_id=worker_id),
         "recipe": recipe.name,

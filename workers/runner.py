@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,10 +26,11 @@ from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence, load_job
 from workers import environment, script, strategies
+from workers.blob_cache import BlobCache
 from workers.errors import NotRetryable, describe
 from workers.jobfiles import JobFiles
 from workers.outcome import RunnerReport
-from workers.recipes import Recipe, load_recipes
+from workers.recipes import Recipe, load_package_recipes, load_recipes
 from workers.reporter import DbReports
 from workers.stdio import prefix_stdio
 from workers.training import Preempted, RunSpec, resolve, stop_on_sigterm
@@ -119,11 +122,7 @@ def prepare(
     """Load the job's recipe, resolve the spec, record the environment."""
     engine = make_engine(settings)
     try:
-        recipe = load_recipes(settings.recipes_dir).get(job.recipe or "")
-        if recipe is None:
-            raise NotRetryable(
-                ReasonCode.unknown_recipe, f"this worker has no recipe {job.recipe!r}"
-            )
+        recipe, package = _recipe(settings, job)
         spec, params = resolve(
             job,
             recipe,
@@ -132,6 +131,7 @@ def prepare(
             data_dir=settings.data_dir,
             recipes_dir=settings.recipes_dir,
             attempt=fence.attempt,
+            package=package,
         )
         record = environment.record(spec, recipe, worker_id=job.worker_id)
         environment.write_spec(spec.files, record)
@@ -149,6 +149,37 @@ def prepare(
         spec.accelerator,
     )
     return spec, recipe, params
+
+
+def _recipe(settings: Settings, job: Job) -> tuple[Recipe, Path | None]:
+    """The job's recipe: this worker's, or one its code package defines (then the package,
+    unpacked, with the job's data files placed under $TRAINYARD_INPUT_DIR)."""
+    if job.code is None:
+        recipe = load_recipes(settings.recipes_dir).get(job.recipe or "")
+        if recipe is None:
+            raise NotRetryable(
+                ReasonCode.unknown_recipe, f"this worker has no recipe {job.recipe!r}"
+            )
+        return recipe, None
+    assert job.id is not None
+    package = BlobCache(settings).code(job.code)
+    inputs = JobFiles.of(settings.data_dir, job.id).inputs
+    script.place_inputs(BlobCache(settings), job.data or {}, inputs)
+    os.environ["TRAINYARD_INPUT_DIR"] = str(inputs)  # the recipe's ranks inherit it
+    try:
+        recipes = load_package_recipes(package)
+    except Exception as exc:  # the package's own code: the same error every attempt
+        raise NotRetryable(
+            ReasonCode.unknown_recipe, f"cannot load the package's recipes: {exc}"
+        ) from exc
+    recipe = recipes.get(job.recipe or "")
+    if recipe is None:
+        known = ", ".join(sorted(recipes)) or "none"
+        raise NotRetryable(
+            ReasonCode.unknown_recipe,
+            f"the job's package defines no recipe {job.recipe!r} (it defines: {known})",
+        )
+    return recipe, package
 
 
 def _error(exc: BaseException, files: JobFiles, attempt: int) -> dict[str, Any]:

@@ -73,7 +73,7 @@ def prepare(
     files = JobFiles.of(settings.data_dir, job.id)
     cache = BlobCache(settings)
     package = cache.code(job.code)
-    _place_inputs(cache, job.data or {}, files.inputs)
+    place_inputs(cache, job.data or {}, files.inputs)
     for folder in (files.output, files.checkpoints):
         folder.mkdir(parents=True, exist_ok=True)
     metrics = files.metrics_file(attempt)
@@ -216,7 +216,7 @@ def _failed(message: str, tail: list[str], *, retryable: bool) -> RunnerReport:
     )
 
 
-def _place_inputs(cache: BlobCache, data: dict[str, str], folder: Path) -> None:
+def place_inputs(cache: BlobCache, data: dict[str, str], folder: Path) -> None:
     """Each data file at ``folder/<name>``: a link to the read-only cached blob."""
     folder.mkdir(parents=True, exist_ok=True)
     for entry in folder.iterdir():  # what an earlier attempt placed

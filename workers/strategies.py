@@ -28,7 +28,7 @@ from service.models import Accelerator, Strategy
 from workers.errors import describe
 from workers.jobfiles import write_atomic
 from workers.outcome import RunnerReport, how_it_ended
-from workers.recipes import Recipe, load_recipes
+from workers.recipes import Recipe, load_package_recipes, load_recipes
 from workers.stdio import prefix_stdio
 from workers.training import Preempted, Reports, RunSpec, Sink, Trainer, stop_on_sigterm
 from workers.zygote import RANK_START_ENV
@@ -69,7 +69,10 @@ def run(
 
 def load(spec: RunSpec) -> tuple[Recipe, BaseModel]:
     """The spec's recipe, imported anew, and its params (already validated once)."""
-    recipe = load_recipes(Path(spec.recipes_dir) if spec.recipes_dir else None)[spec.recipe]
+    if spec.package is not None:  # the job's own package defines it
+        recipe = load_package_recipes(Path(spec.package))[spec.recipe]
+    else:
+        recipe = load_recipes(Path(spec.recipes_dir) if spec.recipes_dir else None)[spec.recipe]
     return recipe, recipe.params.model_validate(spec.params)
 
 

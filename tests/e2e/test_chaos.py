@@ -73,7 +73,7 @@ def stop_outside_a_transaction(stack: Stack, proc: subprocess.Popen[bytes]) -> N
 def reference_weights(stack: Stack, job_id: int) -> dict[str, torch.Tensor]:
     """The job's resolved spec trained in one go, here, without interruption."""
     spec = stack.http.get(f"/jobs/{job_id}/artifacts/spec.json").json()
-    names = {f.name for f in fields(RunSpec)} - {"job_dir", "recipes_dir", "attempt"}
+    names = {f.name for f in fields(RunSpec)} - {"job_dir", "recipes_dir", "package", "attempt"}
     params = {**spec["params"], "sleep_per_step_s": 0.0}  # the same math, without the wait
     return _trained(json.dumps({**{k: spec[k] for k in names}, "params": params}, sort_keys=True))
 

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import torch
 
+from tests.e2e.test_chaos import job_weights
 from tests.scripts import EXAMPLES, digits_file, put_blob, put_package
 from tests.stack import Stack, wait_for
+from tests.workers.test_strategies import relative_difference
 
 pytestmark = pytest.mark.slow
 
@@ -182,3 +184,29 @@ def test_sigterm_means_checkpoint_and_stop_and_spends_no_attempt(
     lines = texts(stack, job["id"])
     assert any("preempted: the script" in t and "after SIGTERM" in t for t in lines), lines
     assert any("Resuming training from snapshot" in t for t in lines), lines
+
+
+def test_a_recipe_from_the_package_gets_trainyards_loop(stack: Stack, tmp_path: Path) -> None:
+    """The package's trainyard_recipes.py defines the model: single and ddp end with the
+    same weights (strategy invariance), and params are checked when a worker claims it."""
+    stack.start_worker()
+    code = put_package(stack.http, EXAMPLES / "recipe_package", tmp_path)
+    data = {"digits.npz": put_blob(stack.http, digits_file(tmp_path))}
+    spec = {"recipe": "digits-mlp", "code": code, "data": data, "accelerator": "cpu"}
+    spec |= {"epochs": 2, "batch_size": 64, "params": {"hidden": 32}}
+    single = stack.submit(**spec, strategy="single")
+    ddp = stack.submit(**spec, strategy="ddp", devices=2)
+    bad = stack.submit(**{**spec, "params": {"hidden": 0}})
+    missing = stack.submit(**{**spec, "recipe": "no-such-recipe"})
+    for job in (single, ddp):
+        done = stack.wait_status(job["id"], {"succeeded", "failed"})
+        assert done["status"] == "succeeded", done
+        assert done["result"]["val/accuracy"] > 0.5
+    assert (
+        relative_difference(job_weights(stack, single["id"]), job_weights(stack, ddp["id"])) < 1e-4
+    )
+    failed = stack.wait_status(bad["id"], {"succeeded", "failed"})
+    assert failed["reason"]["code"] == "bad_params" and failed["attempt"] == 1
+    failed = stack.wait_status(missing["id"], {"succeeded", "failed"})
+    assert failed["reason"]["code"] == "unknown_recipe"
+    assert "defines: digits-mlp" in failed["reason"]["message"]

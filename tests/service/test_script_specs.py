@@ -91,9 +91,9 @@ def test_a_script_job_is_accepted_and_uses_its_blobs(api: TestClient, engine: En
         ({"recipe": "tiny", "entrypoint": ["python", "x.py"]}, "entrypoint", "not both"),
         ({"entrypoint": ["python", "x.py"]}, "code", "code package"),
         ({"accelerator": "cpu"}, "recipe", "give a recipe"),
-        ({"recipe": "tiny", "data": {"x.csv": "sha256:" + "0" * 64}}, "data", "script jobs"),
+        ({"recipe": "tiny", "data": {"x.csv": "sha256:" + "0" * 64}}, "data", "bring code"),
         ({"recipe": "tiny", "requirements": ["numpy"]}, "requirements", "script jobs"),
-        ({"recipe": "tiny", "code": "sha256:" + "0" * 64}, "code", "script jobs"),
+        ({"recipe": "tiny", "code": "sha256:" + "0" * 64}, "code", "is not stored"),
     ],
 )
 def test_specs_that_mix_recipes_and_scripts_are_refused(
@@ -118,6 +118,15 @@ def test_data_names_must_be_plain_file_names(api: TestClient, name: str) -> None
 @pytest.mark.parametrize("bad", [{"entrypoint": []}, {"code": "sha256:abc"}, {"data": ["x"]}])
 def test_malformed_script_fields_are_refused(api: TestClient, bad: dict[str, Any]) -> None:
     refused(api, {**script(put(api, PACKAGE)), **bad})
+
+
+def test_a_recipe_from_a_package_needs_its_recipes_module(api: TestClient) -> None:
+    spec = {"recipe": "mine", "code": put(api, PACKAGE), "accelerator": "cpu"}
+    [error] = refused(api, spec)
+    assert error["loc"] == ["body", "code"] and "trainyard_recipes.py" in error["msg"]
+    with_module = zipped([("trainyard_recipes.py", b"")])
+    r = api.post("/api/v1/jobs", json={**spec, "code": put(api, with_module)})
+    assert r.status_code == 201, r.text  # its params are checked when a worker claims it
 
 
 def test_inputs_that_are_not_stored_are_refused_naming_the_field(api: TestClient) -> None:

@@ -77,7 +77,7 @@ def test_spec_json_holds_plain_values_and_rebuilds_the_spec(tmp_path: Path) -> N
     )
     assert all(type(v) is not Strategy for v in record["spec"].values())
     # What a rerun does (the chaos tests too): the spec from spec.json's top level.
-    names = {f.name for f in fields(RunSpec)} - {"job_dir", "recipes_dir", "attempt"}
+    names = {f.name for f in fields(RunSpec)} - {"job_dir", "recipes_dir", "package", "attempt"}
     again = RunSpec(**{k: written[k] for k in names}, job_dir=spec.job_dir)
     assert again == spec and again.strategy is Strategy.single
 

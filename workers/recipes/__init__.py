@@ -1,7 +1,9 @@
 """Recipes: model + data + loss, with a pydantic params model.
 
 Found in three places: the built-ins, installed packages' entry points (group
-``trainyard.recipes``), and ``.py`` files in ``TRAINYARD_RECIPES_DIR``.
+``trainyard.recipes``), and ``.py`` files in ``TRAINYARD_RECIPES_DIR``. A job may also
+bring its own: a code package whose root holds ``trainyard_recipes.py``
+(``load_package_recipes``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+from service.packages import RECIPES_MODULE
 
 if TYPE_CHECKING:  # the worker imports this before torch (see workers.supervisor)
     from torch import Tensor, nn
@@ -78,6 +82,19 @@ def load_recipes(recipes_dir: Path | None = None) -> dict[str, Recipe]:
     if recipes_dir is not None:
         for path in sorted(Path(recipes_dir).glob("*.py")):
             _add(found, _load_file(path), str(path))
+    return found
+
+
+def load_package_recipes(package: Path) -> dict[str, Recipe]:
+    """The recipes an uploaded code package defines in its root's ``trainyard_recipes.py``
+    (which may import the package's other modules: its root goes on ``sys.path``)."""
+    path = package / RECIPES_MODULE
+    if not path.is_file():
+        raise RecipeError(f"the code package has no {RECIPES_MODULE} at its root")
+    if str(package) not in sys.path:
+        sys.path.insert(0, str(package))
+    found: dict[str, Recipe] = {}
+    _add(found, _load_file(path), str(path))
     return found
 
 

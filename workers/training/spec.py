@@ -46,6 +46,7 @@ class RunSpec:
     checkpoint_every: int
     job_dir: str
     recipes_dir: str | None = None
+    package: str | None = None  # an uploaded package defining the recipe (unpacked here)
     threads: int = 1  # torch intra-op threads per process on CPU
     attempt: int = 1
 
@@ -87,6 +88,7 @@ def resolve(
     data_dir: Path,
     recipes_dir: Path | None,
     attempt: int = 1,
+    package: Path | None = None,
 ) -> tuple[RunSpec, BaseModel]:
     """The job's spec for this worker (``auto`` made concrete) and its validated params."""
     assert job.id is not None
@@ -117,6 +119,7 @@ def resolve(
         checkpoint_every=job.checkpoint_every,
         job_dir=str(JobFiles.of(data_dir, job.id).root),
         recipes_dir=str(recipes_dir) if recipes_dir else None,
+        package=str(package) if package else None,
         threads=threads,
         attempt=attempt,
     )
