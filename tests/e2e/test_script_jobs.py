@@ -210,3 +210,52 @@ def test_a_recipe_from_the_package_gets_trainyards_loop(stack: Stack, tmp_path: 
     failed = stack.wait_status(missing["id"], {"succeeded", "failed"})
     assert failed["reason"]["code"] == "unknown_recipe"
     assert "defines: digits-mlp" in failed["reason"]["message"]
+
+
+def test_a_worker_on_another_box_fetches_blobs_by_digest(stack: Stack, tmp_path: Path) -> None:
+    """No shared filesystem: a worker whose disk lacks the API's blob store fetches each
+    blob from the API, verifies its SHA-256 and keeps it; bytes that do not match are
+    never used."""
+    box = tmp_path / "other-box"
+    stack.start_worker(env={"TRAINYARD_DATA_DIR": str(box)})
+    code = put_package(stack.http, EXAMPLES, tmp_path)
+    digits = put_blob(stack.http, digits_file(tmp_path))
+    command = ["python", "dataparallel/train.py", "--epochs", "1"]
+    spec = {"code": code, "entrypoint": command, "accelerator": "cpu", "max_attempts": 1}
+    job = stack.submit(**spec, data={"digits.npz": digits})
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded", done
+    for digest in (code, digits):
+        assert (box / "cache" / "blobs" / digest.removeprefix("sha256:")).is_file()
+    assert (box / "jobs" / str(job["id"]) / "output" / "model.pt").is_file()
+
+    # the API's copy of a new blob goes bad on its disk: the fetch sees it
+    other = tmp_path / "other.npz"
+    other.write_bytes(digits_file(tmp_path).read_bytes() + b"\0")
+    bad = put_blob(stack.http, other)
+    stored = stack.tmp / "data" / "blobs" / "sha256" / bad.removeprefix("sha256:")
+    stored.chmod(0o644)
+    stored.write_bytes(b"\1" * stored.stat().st_size)
+    job = stack.submit(**spec, data={"digits.npz": bad})
+    failed = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert failed["status"] == "failed" and "arrived with digest" in failed["reason"]["message"]
+    assert not (box / "cache" / "blobs" / bad.removeprefix("sha256:")).exists()
+
+
+def test_cancel_ends_every_process_of_a_script(stack: Stack, tmp_path: Path) -> None:
+    """torchrun's ranks live in sessions of their own: a cancel still ends them all."""
+    stack.start_worker(kill_grace_s=5)
+    job = submit_example(
+        stack,
+        tmp_path,
+        ["python", "torchrun_resume/train.py", "--epochs", "50", "--step-delay", "0.05"],
+        strategy="ddp",
+        devices=2,
+    )
+    wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 1, 90, "epoch 1")
+    pids = script_pids(job["id"], 1)
+    assert len(pids) >= 3
+    assert stack.http.post(f"/jobs/{job['id']}/cancel").status_code == 202
+    done = stack.wait_status(job["id"], {"cancelled"}, timeout_s=30)
+    assert done["reason"]["code"] == "cancelled"
+    wait_for(lambda: not [p for p in pids if alive(p)], 10, "every process to end")
