@@ -23,6 +23,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from service.app import create_app
 from service.migrate import upgrade
 from service.settings import Settings
+from tests.scripts import EXAMPLES, digits_file, put_blob, put_package
 from tests.stack import REPO, Stack, free_port, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -177,6 +178,45 @@ def test_submit_from_the_form_then_watch_the_job_succeed(
         assert browser.current_url.endswith(f"#/jobs?status={status}")
         assert bool(browser.find_elements(By.CSS_SELECTOR, row)) == listed
     keep_screenshot(browser, tmp_path, "dashboard-list")
+
+
+@pytest.mark.slow
+def test_submit_a_script_job_from_an_uploaded_package(
+    stack: Stack, browser: WebDriver, tmp_path: Path
+) -> None:
+    """The form's other kind: pick an uploaded package, type the command; the job page
+    shows the script's command, package and data, its metrics on the same chart."""
+    stack.start_worker()
+    code = put_package(stack.http, EXAMPLES, tmp_path)
+    digits = put_blob(stack.http, digits_file(tmp_path))
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(stack.url + "/#/submit")
+    Select(wait.until(ec.presence_of_element_located((By.ID, "field-kind")))).select_by_value(
+        "script"
+    )
+    assert not browser.find_element(By.ID, "recipe-box").is_displayed()
+    assert not browser.find_element(By.CSS_SELECTOR, '[data-field="epochs"]').is_displayed()
+    Select(browser.find_element(By.ID, "field-code")).select_by_value(code)
+    command = browser.find_element(By.ID, "field-entrypoint")
+    command.send_keys('python dataparallel/train.py --epochs "2"')
+    browser.find_element(By.ID, "field-data").send_keys(f"digits.npz={digits}")
+    Select(browser.find_element(By.NAME, "accelerator")).select_by_value("cpu")
+    browser.find_element(By.ID, "submit-job").click()
+
+    wait.until(ec.url_matches(r"#/jobs/\d+$"))
+    job_id = int(browser.current_url.rsplit("/", 1)[1])
+    WebDriverWait(browser, 90).until(
+        ec.text_to_be_present_in_element((By.ID, "job-status"), "succeeded")
+    )
+    job = stack.job(job_id)
+    assert job["entrypoint"] == ["python", "dataparallel/train.py", "--epochs", "2"]
+    assert job["code"] == code and job["data"] == {"digits.npz": digits}
+    spec = text_of(browser, "#job-spec")
+    assert "python dataparallel/train.py --epochs 2" in spec and code in spec
+    assert "epochs\n" not in spec  # a recipe setting: not the script's
+    train = sum(m["name"] == "train/loss" for m in stack.http.get(f"/jobs/{job_id}/metrics").json())
+    wait.until(lambda d: count(d, "#loss-chart", "data-points") >= train > 0)
+    keep_screenshot(browser, tmp_path, "dashboard-script-job")
 
 
 @pytest.mark.slow

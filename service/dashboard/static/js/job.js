@@ -21,6 +21,8 @@ const SPEC_FIELDS = (
   "recipe strategy devices accelerator epochs batch_size lr optimizer seed precision " +
   "priority max_attempts timeout_s checkpoint_every"
 ).split(" ");
+// What a script job leaves to its own arguments.
+const RECIPE_ONLY = new Set("epochs batch_size lr optimizer precision checkpoint_every".split(" "));
 
 export function jobView(root, id) {
   const stop = new AbortController();
@@ -179,10 +181,16 @@ function renderProgress(ui, progress, status) {
 }
 
 function specOf(job) {
-  const spec = Object.fromEntries(SPEC_FIELDS.map((k) => [k, job[k]]));
+  const script = job.entrypoint !== null && job.entrypoint !== undefined;
+  const fields = SPEC_FIELDS.filter((k) => !(script && RECIPE_ONLY.has(k)));
+  const spec = Object.fromEntries(fields.map((k) => [k, job[k]]));
   return {
+    entrypoint: script ? job.entrypoint.join(" ") : null,
     ...spec,
-    params: job.params,
+    params: script ? null : job.params,
+    package: job.code,
+    data: job.data,
+    requirements: job.requirements?.join(" · "),
     attempt: `${job.attempt} of ${job.max_attempts}`,
     worker: job.worker_id,
     devices_held: job.assigned_devices,

@@ -96,7 +96,7 @@ function row(job) {
     { "data-job-id": job.id, "data-status": job.status },
     h("td", {}, link(String(job.id))),
     h("td", {}, link(job.name || "–")),
-    h("td", {}, job.recipe),
+    h("td", {}, job.recipe ?? h("code", {}, (job.entrypoint ?? []).join(" "))),
     h("td", {}, statusBadge(job.status)),
     h(
       "td",
