@@ -17,6 +17,8 @@ BENCHMARKS = [
     ["contention"],
     ["recovery"],
     ["upload"],
+    ["script_start"],
+    ["script_speed"],
 ]
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ def by_hand(tmp: Path, strategy: str) -> float:
                    "--nproc-per-node", "2", str(script)]  # fmt: skip
     started = time.time()
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return max(float(line.split()[-1]) for line in out.splitlines() if "first-line" in line) - started
+    lines = [float(line.split()[-1]) for line in out.splitlines() if "first-line" in line]
+    return max(lines) - started
 
 
 def main() -> None:
