@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
+from tests.e2e.conftest import one_database
 from tests.stack import RECIPES_DIR, REPO, Stack, running_stack, wait_for
 from workers import strategies
 from workers.jobfiles import MODEL_FILE
@@ -26,6 +27,9 @@ from workers.procfs import group_members
 from workers.training import RunSpec
 
 pytestmark = pytest.mark.slow
+# What happens to a job's processes (a killed rank, a timeout, a stall): the worker's
+# doing, one database is enough; the store's side of each is tested on both elsewhere.
+PROCESSES_ONLY = one_database("sqlite")
 
 # 1024 samples / batch 64 = 16 steps an epoch; each step sleeps, so the run lasts a while.
 SLOW = {"recipe": "tiny", "strategy": "ddp", "devices": 2, "accelerator": "cpu", "batch_size": 64}
@@ -132,6 +136,7 @@ def test_worker_stopped_mid_epoch_resumes_with_the_same_weights(
     assert_same_weights(job_weights(stack, job["id"]), reference_weights(stack, job["id"]))
 
 
+@PROCESSES_ONLY
 def test_killed_rank_fails_the_attempt_fast_and_the_retry_succeeds(stack: Stack) -> None:
     stack.start_worker()
     job = stack.submit(**SLOW, epochs=8, params=SLOW_PARAMS, max_attempts=2)
@@ -175,6 +180,7 @@ def test_worker_stopped_past_its_lease_loses_the_job_to_another(stack: Stack) ->
     assert stack.job(job["id"])["status"] == "succeeded"  # a changed nothing after it woke
 
 
+@PROCESSES_ONLY
 def test_timeout_ends_the_attempt_and_is_not_retried(stack: Stack) -> None:
     stack.start_worker(kill_grace_s=2)
     job = stack.submit(**SLOW, epochs=1000, params=SLOW_PARAMS, timeout_s=4, max_attempts=3)
@@ -227,6 +233,7 @@ def test_small_jobs_share_the_box_and_a_big_one_waits_with_a_reason(stack: Stack
     assert done[2]["started_at"] >= max(done[0]["finished_at"], done[1]["finished_at"])
 
 
+@PROCESSES_ONLY
 def test_an_attempt_whose_step_stops_moving_is_ended(stack: Stack) -> None:
     stack.start_worker(stall_timeout_s=3, kill_grace_s=1)
     hung = {"samples": 1024, "sleep_per_step_s": 9.0}  # one step outlasts the watchdog

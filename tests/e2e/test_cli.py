@@ -11,10 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.conftest import one_database
 from tests.stack import REPO, Stack, free_port, stack_env, wait_for
 from tests.workers.test_venvs import make_wheel
 
 pytestmark = pytest.mark.slow
+# The CLI talks HTTP: which database the server uses is the API's tests' concern.
+CLIENT_SIDE = one_database("sqlite")
 
 
 def cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -28,6 +31,7 @@ def cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.CompletedP
     )
 
 
+@CLIENT_SIDE
 def test_submit_follow_exit_code_says_how_the_job_ended(stack: Stack, tmp_path: Path) -> None:
     stack.start_worker()
     ok = cli(stack, "submit", "--recipe", "tiny", "--epochs", "2", "-p", "width=4", "--follow")
@@ -67,6 +71,7 @@ with open(os.path.join(os.environ["TRAINYARD_OUTPUT_DIR"], "result.txt"), "w") a
 """
 
 
+@CLIENT_SIDE
 def test_submit_code_packs_uploads_and_runs_a_script(stack: Stack, tmp_path: Path) -> None:
     """`trainyard submit --code DIR --data NAME=FILE -- python train.py ...`: packed
     (ignored files left out), uploaded once, requirements installed from the package's
@@ -105,6 +110,7 @@ def test_submit_code_packs_uploads_and_runs_a_script(stack: Stack, tmp_path: Pat
     assert stack.http.head(f"/blobs/{code}").status_code == 404
 
 
+@CLIENT_SIDE
 def test_submit_code_refuses_a_link_out_of_the_directory(stack: Stack, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
@@ -115,6 +121,7 @@ def test_submit_code_refuses_a_link_out_of_the_directory(stack: Stack, tmp_path:
     assert stack.http.get("/jobs").json()["total"] == 0
 
 
+@CLIENT_SIDE
 def test_cli_reports_a_bad_spec_with_the_field(stack: Stack) -> None:
     stack.start_worker()
     r = cli(stack, "submit", "--recipe", "tiny", "--epochs", "0")

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
+from tests.e2e.conftest import one_database
 from tests.stack import Stack, wait_for
 from workers.procfs import group_members
 from workers.recipes import load_recipes
@@ -91,6 +92,7 @@ def test_ddp_job_runs_reports_and_produces_a_loadable_model(stack: Stack) -> Non
     )
 
 
+@one_database("postgresql")  # processes; the cancel itself is tested on both
 def test_cancel_running_ddp_job_stops_every_process(stack: Stack) -> None:
     stack.start_worker()
     job = stack.submit(
@@ -115,6 +117,7 @@ def test_cancel_running_ddp_job_stops_every_process(stack: Stack) -> None:
     assert stack.wait_status(nxt["id"], {"succeeded", "failed"})["status"] == "succeeded"
 
 
+@one_database("sqlite")  # the runner's report; the store's failure path is tested on both
 def test_failing_job_ends_failed_with_its_error_and_last_lines(stack: Stack) -> None:
     stack.start_worker()
     job = stack.submit(recipe="tiny", params={"fail": True}, max_attempts=2, devices=2, epochs=1)

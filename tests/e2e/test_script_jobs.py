@@ -14,11 +14,15 @@ from typing import Any
 import pytest
 import torch
 
+from tests.e2e.conftest import one_database
 from tests.e2e.test_chaos import job_weights
 from tests.scripts import EXAMPLES, digits_file, put_blob, put_package
 from tests.stack import Stack, wait_for
 from tests.workers.test_strategies import relative_difference
 
+# The examples run on both databases; what happens to a script's processes and files
+# (a kill, SIGTERM, a cancel, a fetch) does not depend on the database, and each runs on
+# one (the store's part of each is tested on both, at the service level and with recipes).
 pytestmark = pytest.mark.slow
 
 
@@ -38,55 +42,84 @@ def artifacts(stack: Stack, job_id: int) -> set[str]:
     return {a["name"] for a in stack.http.get(f"/jobs/{job_id}/artifacts").json()}
 
 
-def test_the_dataparallel_tutorial_runs_as_one_process(stack: Stack, tmp_path: Path) -> None:
+def test_every_example_runs_uploaded_to_succeeded(stack: Stack, tmp_path: Path) -> None:
+    """Upload, submit, running, metrics, artifacts, succeeded: the DataParallel tutorial
+    (one process), the mp.spawn DDP tutorial (one process holding two devices, its own
+    ranks), the torchrun script (a rank per device, launched as torchrun launches it),
+    and the recipe package (Trainyard's loop: single and ddp end with the same weights;
+    params checked at claim). All queued at once on one worker with two CPU slots."""
     stack.start_worker()
-    job = submit_example(
-        stack, tmp_path, ["python", "dataparallel/train.py", "--epochs", "2"], strategy="single"
+    code = put_package(stack.http, EXAMPLES, tmp_path)
+    digits = {"digits.npz": put_blob(stack.http, digits_file(tmp_path))}
+    script = {"code": code, "data": digits, "accelerator": "cpu"}
+    dataparallel = stack.submit(
+        **script, entrypoint=["python", "dataparallel/train.py", "--epochs", "2"], strategy="single"
     )
-    done = stack.wait_status(job["id"], {"succeeded", "failed"})
-    assert done["status"] == "succeeded" and done["attempt"] == 1, done
-    assert done["entrypoint"][1] == "dataparallel/train.py"
-    assert done["result"]["val/accuracy"] > 0.5  # it learned: real digits, a real model
-    accuracy = stack.http.get(f"/jobs/{job['id']}/metrics", params={"name": "val/accuracy"})
-    assert [m["epoch"] for m in accuracy.json()] == [1, 2]
-    assert done["progress"]["step"] == done["progress"]["total_steps"] == 30
-    assert any(t.startswith("Outside: input size (100, 1, 8, 8)") for t in texts(stack, job["id"]))
-    assert "output/model.pt" in artifacts(stack, job["id"])
-
-
-def test_the_mp_spawn_ddp_tutorial_starts_its_own_ranks(stack: Stack, tmp_path: Path) -> None:
-    stack.start_worker()
-    job = submit_example(
-        stack,
-        tmp_path,
-        ["python", "ddp_spawn/train.py", "--epochs", "2"],
+    spawn = stack.submit(
+        **script,
+        entrypoint=["python", "ddp_spawn/train.py", "--epochs", "2"],
         strategy="dp",
         devices=2,
     )
-    done = stack.wait_status(job["id"], {"succeeded", "failed"})
-    assert done["status"] == "succeeded" and done["attempt"] == 1, done
-    lines = texts(stack, job["id"])
-    for rank in (0, 1):  # two ranks, found through MASTER_ADDR/MASTER_PORT
-        # (ranks print to one pipe at once: a line may hold both, as a terminal shows it)
-        assert any(f"[GPU{rank}] Epoch 1 | Batchsize: 32" in t for t in lines), lines
-    assert "output/model.pt" in artifacts(stack, job["id"])
-
-
-def test_a_torchrun_script_runs_unchanged_under_ddp(stack: Stack, tmp_path: Path) -> None:
-    stack.start_worker()
-    job = submit_example(
-        stack,
-        tmp_path,
-        ["python", "torchrun_resume/train.py", "--epochs", "2"],
+    torchrun = stack.submit(
+        **script,
+        entrypoint=["python", "torchrun_resume/train.py", "--epochs", "2"],
         strategy="ddp",
         devices=2,
     )
-    done = stack.wait_status(job["id"], {"succeeded", "failed"})
-    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    recipe = {
+        "recipe": "digits-mlp",
+        "code": put_package(stack.http, EXAMPLES / "recipe_package", tmp_path),
+        "data": digits,
+        "accelerator": "cpu",
+        "epochs": 2,
+        "batch_size": 64,
+        "params": {"hidden": 32},
+    }
+    single = stack.submit(**recipe, strategy="single")
+    ddp = stack.submit(**recipe, strategy="ddp", devices=2)
+    bad = stack.submit(**{**recipe, "params": {"hidden": 0}})
+    missing = stack.submit(**{**recipe, "recipe": "no-such-recipe"})
+    done = {
+        job["id"]: stack.wait_status(job["id"], {"succeeded", "failed"}, timeout_s=240)
+        for job in (dataparallel, spawn, torchrun, single, ddp, bad, missing)
+    }
+    for job in (dataparallel, spawn, torchrun, single, ddp):
+        assert done[job["id"]]["status"] == "succeeded" and done[job["id"]]["attempt"] == 1
+
+    # the DataParallel tutorial: it learned, and reported through trainyard_job
+    job = done[dataparallel["id"]]
+    assert job["entrypoint"][1] == "dataparallel/train.py"
+    assert job["result"]["val/accuracy"] > 0.5  # real digits, a real model
+    accuracy = stack.http.get(f"/jobs/{job['id']}/metrics", params={"name": "val/accuracy"})
+    assert [m["epoch"] for m in accuracy.json()] == [1, 2]
+    assert job["progress"]["step"] == job["progress"]["total_steps"] == 30
     lines = texts(stack, job["id"])
+    assert any(t.startswith("Outside: input size (100, 1, 8, 8)") for t in lines), lines
+    assert "output/model.pt" in artifacts(stack, job["id"])
+
+    # the mp.spawn tutorial: two ranks, found through MASTER_ADDR/MASTER_PORT (they print
+    # to one pipe at once: a line may hold both, as a terminal would show it)
+    lines = texts(stack, spawn["id"])
+    for rank in (0, 1):
+        assert any(f"[GPU{rank}] Epoch 1 | Batchsize: 32" in t for t in lines), lines
+    assert "output/model.pt" in artifacts(stack, spawn["id"])
+
+    # the torchrun script: its ranks' lines behind [rank N], its snapshot kept
+    lines = texts(stack, torchrun["id"])
     assert any(t.startswith("[rank 0] Epoch 2 | Training snapshot saved") for t in lines), lines
-    assert {"output/model.pt", "checkpoints/snapshot.pt"} <= artifacts(stack, job["id"])
-    assert done["progress"]["epoch"] == 2
+    assert {"output/model.pt", "checkpoints/snapshot.pt"} <= artifacts(stack, torchrun["id"])
+    assert done[torchrun["id"]]["progress"]["epoch"] == 2
+
+    # the recipe package
+    for job in (single, ddp):
+        assert done[job["id"]]["result"]["val/accuracy"] > 0.5
+    assert (
+        relative_difference(job_weights(stack, single["id"]), job_weights(stack, ddp["id"])) < 1e-4
+    )
+    assert done[bad["id"]]["reason"]["code"] == "bad_params" and done[bad["id"]]["attempt"] == 1
+    assert done[missing["id"]]["reason"]["code"] == "unknown_recipe"
+    assert "defines: digits-mlp" in done[missing["id"]]["reason"]["message"]
 
 
 def script_pids(job_id: int, attempt: int) -> list[int]:
@@ -125,6 +158,7 @@ def by_hand(tmp: Path, command: list[str]) -> dict[str, torch.Tensor]:
     return torch.load(out / "model.pt")  # type: ignore[no-any-return]
 
 
+@one_database("sqlite")
 def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -156,6 +190,7 @@ def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
         assert torch.equal(got[name], want[name]), name
 
 
+@one_database("postgresql")
 def test_sigterm_means_checkpoint_and_stop_and_spends_no_attempt(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -188,32 +223,7 @@ def test_sigterm_means_checkpoint_and_stop_and_spends_no_attempt(
     assert any("Resuming training from snapshot" in t for t in lines), lines
 
 
-def test_a_recipe_from_the_package_gets_trainyards_loop(stack: Stack, tmp_path: Path) -> None:
-    """The package's trainyard_recipes.py defines the model: single and ddp end with the
-    same weights (strategy invariance), and params are checked when a worker claims it."""
-    stack.start_worker()
-    code = put_package(stack.http, EXAMPLES / "recipe_package", tmp_path)
-    data = {"digits.npz": put_blob(stack.http, digits_file(tmp_path))}
-    spec = {"recipe": "digits-mlp", "code": code, "data": data, "accelerator": "cpu"}
-    spec |= {"epochs": 2, "batch_size": 64, "params": {"hidden": 32}}
-    single = stack.submit(**spec, strategy="single")
-    ddp = stack.submit(**spec, strategy="ddp", devices=2)
-    bad = stack.submit(**{**spec, "params": {"hidden": 0}})
-    missing = stack.submit(**{**spec, "recipe": "no-such-recipe"})
-    for job in (single, ddp):
-        done = stack.wait_status(job["id"], {"succeeded", "failed"})
-        assert done["status"] == "succeeded", done
-        assert done["result"]["val/accuracy"] > 0.5
-    assert (
-        relative_difference(job_weights(stack, single["id"]), job_weights(stack, ddp["id"])) < 1e-4
-    )
-    failed = stack.wait_status(bad["id"], {"succeeded", "failed"})
-    assert failed["reason"]["code"] == "bad_params" and failed["attempt"] == 1
-    failed = stack.wait_status(missing["id"], {"succeeded", "failed"})
-    assert failed["reason"]["code"] == "unknown_recipe"
-    assert "defines: digits-mlp" in failed["reason"]["message"]
-
-
+@one_database("postgresql")  # several boxes share PostgreSQL
 def test_a_worker_on_another_box_fetches_blobs_by_digest(stack: Stack, tmp_path: Path) -> None:
     """No shared filesystem: a worker whose disk lacks the API's blob store fetches each
     blob from the API, verifies its SHA-256 and keeps it; bytes that do not match are
@@ -244,6 +254,7 @@ def test_a_worker_on_another_box_fetches_blobs_by_digest(stack: Stack, tmp_path:
     assert not (box / "cache" / "blobs" / bad.removeprefix("sha256:")).exists()
 
 
+@one_database("sqlite")
 def test_cancel_ends_every_process_of_a_script(stack: Stack, tmp_path: Path) -> None:
     """The elastic launch starts each rank in a session of its own: a cancel still ends
     them all."""

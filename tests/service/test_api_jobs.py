@@ -278,3 +278,27 @@ def test_a_worker_registered_a_moment_ago_is_seen_by_the_next_submit(
     ]
     job = submit(client, recipe="tiny", params={"width": 4})
     assert job["reason"]["code"] == "queued"
+
+
+def test_links_a_script_leaves_in_its_output_reach_nothing_outside_its_folder(
+    client: TestClient, settings: Any, add_worker: Any
+) -> None:
+    """A script writes what it likes to $TRAINYARD_OUTPUT_DIR, links included: none of
+    them may serve another job's files or the box's (or loop the listing)."""
+    add_worker()
+    mine, other = submit(client), submit(client)
+    out = settings.data_dir / "jobs" / str(mine["id"]) / "output"
+    theirs = settings.data_dir / "jobs" / str(other["id"])
+    out.mkdir(parents=True)
+    theirs.mkdir(parents=True)
+    (theirs / "model.safetensors").write_bytes(b"their weights")
+    (out / "weights.pt").write_bytes(b"mine")
+    (out / "theirs").symlink_to(theirs / "model.safetensors")
+    (out / "their-folder").symlink_to(theirs)
+    (out / "passwd").symlink_to("/etc/passwd")
+    (out / "loop").symlink_to(out)
+    listed = client.get(f"/api/v1/jobs/{mine['id']}/artifacts").json()
+    assert [a["name"] for a in listed] == ["output/weights.pt"]
+    for name in ("output/theirs", "output/their-folder/model.safetensors", "output/passwd"):
+        r = client.get(f"/api/v1/jobs/{mine['id']}/artifacts/{name}")
+        assert r.status_code == 404 and b"weights" not in r.content and b"root" not in r.content
