@@ -180,6 +180,16 @@ JOB_EXAMPLE: dict[str, Any] = {
 }
 
 
+SCRIPT_EXAMPLE: dict[str, Any] = {
+    "name": "my own DDP script",
+    "code": "sha256:" + "0" * 64,
+    "entrypoint": ["python", "train.py", "--epochs", "3"],
+    "data": {"digits.npz": "sha256:" + "1" * 64},
+    "strategy": "ddp",
+    "devices": 2,
+}
+
+
 class JobCreate(JobBase):
     """A job as submitted; unknown fields are refused."""
 

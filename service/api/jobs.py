@@ -27,6 +27,7 @@ from service.db import read_session
 from service.inputs import check_inputs
 from service.models import (
     JOB_EXAMPLE,
+    SCRIPT_EXAMPLE,
     JobCreate,
     JobList,
     JobRead,
@@ -48,7 +49,18 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
     responses={409: {"description": "Idempotency-Key reused with another spec"}},
 )
 async def submit_job(
-    spec: Annotated[JobCreate, Body(openapi_examples={"ddp": {"value": JOB_EXAMPLE}})],
+    spec: Annotated[
+        JobCreate,
+        Body(
+            openapi_examples={
+                "ddp": {"summary": "A recipe under DDP", "value": JOB_EXAMPLE},
+                "script": {
+                    "summary": "Your own script (upload its package and data first)",
+                    "value": SCRIPT_EXAMPLE,
+                },
+            }
+        ),
+    ],
     response: Response,
     engine: EngineDep,
     catalogs: CatalogsDep,

@@ -163,9 +163,10 @@ def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
     stack: Stack, tmp_path: Path
 ) -> None:
     """kill -9 of the worker: its restart kills the old attempt's whole tree (the runner
-    that launched the ranks, and the ranks through their parent-death signal), and the
-    retry finds the snapshot the script left in $TRAINYARD_CHECKPOINT_DIR: the same
-    weights as the script run by hand under torchrun, never stopped."""
+    that launched the ranks, and the ranks through their parent-death signal, stopped
+    processes included), and the retry finds the snapshot the script left in
+    $TRAINYARD_CHECKPOINT_DIR: the same weights as the script run by hand under torchrun,
+    never stopped."""
     command = ["torchrun_resume/train.py", "--epochs", "6"]
     worker = stack.start_worker(lease_s=60)  # recovery by restart, not by lease expiry
     job = submit_example(
@@ -174,6 +175,12 @@ def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
     wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 2, 90, "epoch 2")
     first = script_pids(job["id"], 1)
     assert len(first) == 2  # the ranks (the runner, their launcher, was started without it)
+    # The whole box stops at once: the worker dies, the attempt freezes where it is (left
+    # running, it could finish before the restarted worker kills it, and resume nothing).
+    runner = stack.runner_pgid(job["id"])
+    os.killpg(runner, signal.SIGSTOP)
+    for pid in first:
+        os.kill(pid, signal.SIGSTOP)
     worker.kill()
     worker.wait()
     stack.start_worker()
