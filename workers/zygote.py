@@ -139,6 +139,7 @@ class Zygote:
                 message = json.loads(data)
                 if message["op"] == "ready":
                     self._ready = True
+                    log.info("zygote warm: runners start forked from it")
                 elif message["op"] == "spawned":
                     self._spawned.append(message["pid"])
                 elif message["op"] == "exited":

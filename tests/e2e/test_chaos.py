@@ -195,6 +195,9 @@ def test_timeout_ends_the_attempt_and_is_not_retried(stack: Stack) -> None:
 def test_three_workers_run_each_of_40_jobs_exactly_once(stack: Stack) -> None:
     for worker in "abc":  # all poll before the first job arrives: they compete for all
         stack.start_worker(worker, cpu_slots=1)
+    for worker in "abc":  # and all can claim (a worker claims nothing before it is warm)
+        log = stack.tmp / f"worker-{worker}.log"
+        wait_for(lambda log=log: "zygote warm" in log.read_text(), 120, f"{worker} warm")
     ids = [
         stack.submit(recipe="tiny", epochs=1, seed=i, params={"samples": 64})["id"]
         for i in range(40)
