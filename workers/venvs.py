@@ -116,7 +116,7 @@ def _pip_install(target: Path, lines: list[str], package: Path, timeout_s: float
                 f"pip install took longer than {timeout_s:.0f}s (TRAINYARD_REQUIREMENTS_TIMEOUT_S)",
             ) from None
     if pip.returncode != 0:
-        last = "\n".join(tail)
+        last = "\n".join(tail)[-1500:]  # the end says why; the message holds 2,000
         offline = "No matching distribution" in last or "Failed to establish" in last
         hint = " (is a package index reachable from this box?)" if offline else ""
         raise NotRetryable(
