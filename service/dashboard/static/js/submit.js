@@ -202,7 +202,7 @@ function scriptFields(blobs) {
     "One NAME=DIGEST a line: the blob is placed at $TRAINYARD_INPUT_DIR/NAME.",
   );
   data.write = (body) => {
-    const lines = data.input.value.split("\n").map((l) => l.trim()).filter(Boolean);
+    const lines = linesOf(data.input);
     if (!lines.length) return;
     body.data = {};
     for (const line of lines) {
@@ -218,7 +218,7 @@ function scriptFields(blobs) {
     "pip requirement lines; empty: the package's requirements.txt, if any.",
   );
   requirements.write = (body) => {
-    const lines = requirements.input.value.split("\n").map((l) => l.trim()).filter(Boolean);
+    const lines = linesOf(requirements.input);
     if (lines.length) body.requirements = lines;
   };
   const fields = [code, entrypoint, data, requirements];
@@ -229,6 +229,14 @@ function scriptFields(blobs) {
     fields.map((f) => f.el),
   );
   return { el, fields };
+}
+
+/** A textarea's non-blank lines, trimmed. */
+function linesOf(textarea) {
+  return textarea.value
+    .split("\n")
+    .map((line) => line.trim())
+    .filter(Boolean);
 }
 
 /** A command line to argv: whitespace separates, quotes group, backslash escapes. */
