@@ -37,6 +37,15 @@ SWAGGER_ASSETS = "/static/swagger-ui"
 STREAMED_BODIES = (("PUT", f"{API_PREFIX}/blobs/"),)
 
 
+API_ROUTERS = (jobs.router, catalog.router, blobs.router)
+
+
+def _route_templates() -> dict[int, str]:
+    """Each API route's full template ("/api/v1/jobs/{job_id}"), by the route object the
+    router matches (which knows its template without the prefix it was included under)."""
+    return {id(route): API_PREFIX + route.path for r in API_ROUTERS for route in r.routes}  # type: ignore[attr-defined]
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     """Build the app for these settings (and engine, which tests may share)."""
     settings = settings or Settings()
@@ -57,12 +66,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.instruments = Instruments(app.state.engine)
     app.include_router(health.router)
     app.include_router(prometheus.router)
-    app.include_router(jobs.router, prefix=API_PREFIX, dependencies=[AuthDep])
-    app.include_router(catalog.router, prefix=API_PREFIX, dependencies=[AuthDep])
-    app.include_router(blobs.router, prefix=API_PREFIX, dependencies=[AuthDep])
+    for router in API_ROUTERS:
+        app.include_router(router, prefix=API_PREFIX, dependencies=[AuthDep])
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, exempt=STREAMED_BODIES)
-    app.add_middleware(RequestMetrics, instruments=app.state.instruments)
+    app.add_middleware(
+        RequestMetrics, instruments=app.state.instruments, templates=_route_templates()
+    )
 
     app.mount(SWAGGER_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
 

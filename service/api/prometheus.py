@@ -116,9 +116,12 @@ class Instruments:
 class RequestMetrics:
     """ASGI middleware: count and time every request by its route template."""
 
-    def __init__(self, app: Any, instruments: Instruments) -> None:
+    def __init__(self, app: Any, instruments: Instruments, templates: dict[int, str]) -> None:
+        """``templates``: a route's full template by ``id(route)``, for routes included
+        under a prefix."""
         self.app = app
         self.instruments = instruments
+        self.templates = templates
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -135,25 +138,18 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            route = _route_template(scope)
+            route = self._route_template(scope)
             method = scope["method"]
             self.instruments.requests.labels(method, route, str(status[0])).inc()
             self.instruments.latency.labels(method, route).observe(time.perf_counter() - start)
 
-
-def _route_template(scope: Any) -> str:
-    """The matched route as a template ("/api/v1/jobs/{job_id}"), so that labels stay few;
-    built from the path and its parameters (included routers hide their prefix)."""
-    if scope.get("route") is None:
-        return "unmatched"
-    path: str = scope["path"]
-    for name, value in (scope.get("path_params") or {}).items():
-        value = str(value)
-        if path.endswith("/" + value):  # the last segment(s), e.g. an artifact's path
-            path = path[: -len(value)] + "{" + name + "}"
-        else:
-            path = path.replace(f"/{value}/", f"/{{{name}}}/", 1)
-    return path
+    def _route_template(self, scope: Any) -> str:
+        """The matched route's template ("/api/v1/jobs/{job_id}"): a label per route, never
+        text from the request. Every path no route matches shares one label."""
+        route = scope.get("route")
+        if route is None:
+            return "unmatched"
+        return self.templates.get(id(route)) or str(getattr(route, "path", "unmatched"))
 
 
 @router.get("/metrics", summary="Prometheus metrics")

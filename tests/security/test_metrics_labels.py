@@ -1,0 +1,55 @@
+"""Hostile input, issue 16 item 1: /metrics must not grow with what strangers send.
+
+Its route label comes from the matched route's template only; every path no route
+matches shares one label; so thousands of distinct requests (with a token or without)
+add no series."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.migrate import upgrade
+from service.settings import Settings
+
+TOKEN = "metrics-test-token"
+
+
+def series(text: str) -> set[tuple[str, str, str]]:
+    """(method, route, status) of every request counter in a /metrics page."""
+    found = re.findall(
+        r'^trainyard_http_requests_total\{method="([^"]*)",route="([^"]*)",status="([^"]*)"\}',
+        text,
+        re.MULTILINE,
+    )
+    return {s for s in found if s[1] != "/metrics"}  # the scrapes themselves
+
+
+def test_distinct_hostile_paths_add_no_series(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'trainyard.db'}"
+    upgrade(url)
+    settings = Settings(database_url=url, data_dir=tmp_path / "data", api_token=TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(settings)) as client:
+
+        def barrage(start: int, n: int) -> None:
+            for i in range(start, start + n):
+                client.get(f"/api/v1/jobs/X{i}/artifacts/q/X{i}")  # 401, no token
+                client.get(f"/api/v1/jobs/{i}/artifacts/evil{i}", headers=auth)  # 404
+                client.get(f"/api/v1/blobs/sha256:{i:064x}", headers=auth)
+                client.get(f"/no/such/page/{i}")
+
+        barrage(0, 200)
+        first = series(client.get("/metrics").text)
+        barrage(200, 200)
+        second = series(client.get("/metrics").text)
+    assert second == first  # 800 more distinct requests: not one more series
+    routes = {route for _, route, _ in second}
+    assert routes == {
+        "/api/v1/jobs/{job_id}/artifacts/{name:path}",
+        "/api/v1/blobs/{digest}",
+        "unmatched",
+    }, routes
