@@ -17,10 +17,12 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from service.points import MetricPoint, ProgressPoint
+from workers.rate import StepRate
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +31,6 @@ POSITION = ("step", "epoch", "epochs", "total_steps", "time")
 MAX_LINE_BYTES = 64 * 1024
 MAX_NAME_CHARS = 100  # the metric table's name column
 MAX_INT = 2**31 - 1  # steps and epochs are INTEGER columns
-# Steps per second are measured over this window (as a recipe's progress is).
-RATE_WINDOW_S = 5.0
 
 
 class Sink(Protocol):
@@ -44,7 +44,7 @@ class MetricsFile:
         self.path = path
         self.sink = sink
         self.offset = 0
-        self.rate = _StepRate()
+        self.rate = StepRate(min_steps=1)  # for the ETA
         self.skipped = 0
         self.latest: dict[str, float | None] = {}  # each metric's last value
 
@@ -88,32 +88,11 @@ class MetricsFile:
         for point in points:
             self.latest[point.name] = point.value
             self.sink.put_nowait(point)
-        self.sink.put_nowait(self.rate.progress(progress))
-
-
-class _StepRate:
-    """Steps per second over the last few seconds, for ETA."""
-
-    def __init__(self) -> None:
-        self.marks: list[tuple[float, int]] = []
-
-    def progress(self, point: ProgressPoint) -> ProgressPoint:
-        now = time.monotonic()
-        self.marks.append((now, point.step))
-        while len(self.marks) > 2 and self.marks[1][0] <= now - RATE_WINDOW_S:
-            self.marks.pop(0)
-        (since, first), (_, last) = self.marks[0], self.marks[-1]
-        if last <= first or now <= since or point.total_steps <= point.step:
-            return point
-        rate = (last - first) / (now - since)
-        return ProgressPoint(
-            epoch=point.epoch,
-            epochs=point.epochs,
-            step=point.step,
-            total_steps=point.total_steps,
-            loss=point.loss,
-            eta_s=round((point.total_steps - point.step) / rate, 3),
-        )
+        rate = self.rate.mark(time.monotonic(), progress.step)
+        if rate is not None and progress.total_steps > progress.step:
+            eta = round((progress.total_steps - progress.step) / rate, 3)
+            progress = replace(progress, eta_s=eta)
+        self.sink.put_nowait(progress)
 
 
 def parse(line: Any, *, now: float) -> tuple[list[MetricPoint], ProgressPoint]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,15 +18,13 @@ from typing import Protocol
 import torch
 
 from service.points import MetricPoint, ProgressPoint
+from workers.rate import StepRate
 from workers.training.spec import RunSpec
 
 # Rank 0 records the training loss of its batch every this many steps.
 TRAIN_LOSS_EVERY_STEPS = 10
 # Rank 0 sends progress at most this often (the API promises a refresh every second).
 PROGRESS_INTERVAL_S = 0.25
-# samples_per_s is the rate over about this many seconds of training steps: steady, yet
-# it follows a job whose speed changes (another job starts beside it, say).
-RATE_WINDOW_S = 5.0
 # A rate needs this many steps behind it: over one or two steps it is mostly noise.
 RATE_MIN_STEPS = 10
 
@@ -81,10 +78,11 @@ class Progress:
         # the first epoch's steps begin (model building and resuming are not training).
         self.paused_s = 0.0
         self.paused_at: float | None = self.last_sent
-        # (clock, step) marks. The first is made after the first step this process trains:
-        # that step pays one-time costs (allocator, kernels' first use) that are not the
-        # job's speed, and over a short window it would be most of the time measured.
-        self.marks: deque[tuple[float, int]] = deque()
+        # samples_per_s over the training clock. The first mark is made after the first
+        # step this process trains: that step pays one-time costs (allocator, kernels'
+        # first use) that are not the job's speed, and over a short window it would be
+        # most of the time measured.
+        self.rate = StepRate(RATE_MIN_STEPS)
         self.unsaved = list(unconfirmed)  # metric points, in step order
         for point in unconfirmed:  # what the checkpoint had not seen stored: again
             self._send(point)
@@ -116,8 +114,8 @@ class Progress:
             self.loss = loss.item()
             self._metric("train/loss", step, epoch, self.loss)
         now = time.monotonic()
-        if not self.marks:
-            self.marks.append((now - self.paused_s, step))
+        if not self.rate.started:
+            self.rate.mark(now - self.paused_s, step)
         elif now - self.last_sent >= PROGRESS_INTERVAL_S:
             self._measure(now, step)
             self._progress(epoch, step, now)
@@ -131,16 +129,11 @@ class Progress:
             self._metric(name, step, epochs_done, value)
 
     def _measure(self, now: float, step: int) -> None:
-        clock = now - self.paused_s
-        marks = self.marks
-        if not marks:  # no step trained yet
+        if not self.rate.started:  # no step trained yet
             return
-        marks.append((clock, step))
-        while len(marks) > 1 and marks[1][0] <= clock - RATE_WINDOW_S:
-            marks.popleft()  # the oldest mark left is at or just before the window's start
-        since, first = marks[0]
-        if step - first >= RATE_MIN_STEPS and clock > since:
-            self.steps_per_s = (step - first) / (clock - since)
+        rate = self.rate.mark(now - self.paused_s, step)
+        if rate is not None:
+            self.steps_per_s = rate
 
     def _progress(self, epoch: int, step: int, now: float) -> None:
         self.last_sent = now
