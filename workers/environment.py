@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from service.models import Accelerator
+from service.jobspec import resolve_strategy
+from service.models import Accelerator, Job
 from workers import gpu
 from workers.jobfiles import JobFiles, write_atomic
 from workers.recipes import Recipe
@@ -30,6 +31,29 @@ def record(spec: RunSpec, recipe: Recipe, *, worker_id: str | None) -> dict[str,
         **machine(spec.accelerator, worker_id=worker_id),
         "recipe": recipe.name,
         "recipe_source_sha256": recipe.source_hash(),
+    }
+
+
+def script_record(
+    job: Job, attempt: int, *, accelerator: str, threads: int, python: str
+) -> dict[str, Any]:
+    """A script job's record: what it ran with (code, entrypoint, data, requirements, the
+    interpreter), beside the machine."""
+    return {
+        "spec": {
+            "strategy": resolve_strategy(job.strategy, job.devices),
+            "accelerator": accelerator,
+            "devices": job.devices,
+            "code": job.code,
+            "entrypoint": job.entrypoint,
+            "data": job.data,
+            "requirements": job.requirements,
+            "threads": threads,
+            "attempt": attempt,
+        },
+        "seed": job.seed,
+        "python_executable": python,
+        **machine(accelerator, worker_id=job.worker_id),
     }
 
 

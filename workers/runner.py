@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy import Engine
 
 from service import store
 from service.db import make_engine
-from service.jobspec import resolve_strategy
 from service.models import Job, Strategy
 from service.reasons import ReasonCode
 from service.settings import Settings
@@ -54,11 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     prefix_stdio("[runner] ", args.job_id)
     stop_on_sigterm()  # checkpoint and stop (ddp: the ranks do; this process waits for them)
     try:
-        job = _load(settings, fence)
+        engine = make_engine(settings)
+        try:  # one engine to read the job and record its environment
+            job = load_job(engine, fence.job_id)
+            if job.entrypoint is not None:
+                prepared = _prepare_script(engine, settings, fence, job, args)
+            else:
+                spec, recipe, params = prepare(engine, settings, fence, job, args)
+        finally:
+            # Rank 0 makes its own engine where it trains: no connection crosses a fork.
+            engine.dispose()
         if job.entrypoint is not None:
-            report = _run_script(settings, fence, job, args.accelerator, args.threads)
+            report = script.run(settings, fence, prepared)
         else:
-            spec, recipe, params = prepare(settings, fence, job, args.accelerator, args.threads)
             result = strategies.run(spec, DbReports(settings, fence), recipe=recipe, params=params)
             report = RunnerReport(ok=True, result=result)
         if report.ok:
@@ -74,71 +82,37 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
-def _load(settings: Settings, fence: Fence) -> Job:
-    """The job's row, as the runner starts."""
-    engine = make_engine(settings)
-    try:
-        return load_job(engine, fence.job_id)
-    finally:
-        engine.dispose()  # no connection crosses a fork
-
-
-def _run_script(
-    settings: Settings, fence: Fence, job: Job, accelerator: str, threads: int
-) -> RunnerReport:
-    """A script job: its package, data and virtualenv ready, then the script itself."""
+def _prepare_script(
+    engine: Engine, settings: Settings, fence: Fence, job: Job, args: argparse.Namespace
+) -> script.Script:
+    """A script job: its package, data and virtualenv ready, its environment recorded."""
     prepared = script.prepare(
-        settings, job, fence.attempt, accelerator=accelerator, threads=threads
+        settings, job, fence.attempt, accelerator=args.accelerator, threads=args.threads
     )
-    record = {
-        "spec": {
-            "strategy": resolve_strategy(job.strategy, job.devices),
-            "accelerator": accelerator,
-            "devices": job.devices,
-            "code": job.code,
-            "entrypoint": job.entrypoint,
-            "data": job.data,
-            "requirements": job.requirements,
-            "threads": threads,
-            "attempt": fence.attempt,
-        },
-        "seed": job.seed,
-        "python_executable": prepared.argv[0],
-        **environment.machine(accelerator, worker_id=job.worker_id),
-    }
-    engine = make_engine(settings)
-    try:
-        files = JobFiles.of(settings.data_dir, fence.job_id)
-        environment.write_spec(files, record)
-        store.record_environment(engine, fence, record)
-    finally:
-        engine.dispose()
-    return script.run(settings, fence, prepared)
+    record = environment.script_record(
+        job, fence.attempt, accelerator=args.accelerator, threads=args.threads,
+        python=prepared.argv[0],
+    )  # fmt: skip
+    _record(engine, fence, JobFiles.of(settings.data_dir, fence.job_id), record)
+    return prepared
 
 
 def prepare(
-    settings: Settings, fence: Fence, job: Job, accelerator: str, threads: int
+    engine: Engine, settings: Settings, fence: Fence, job: Job, args: argparse.Namespace
 ) -> tuple[RunSpec, Recipe, BaseModel]:
     """Load the job's recipe, resolve the spec, record the environment."""
-    engine = make_engine(settings)
-    try:
-        recipe, package = _recipe(settings, job)
-        spec, params = resolve(
-            job,
-            recipe,
-            accelerator=accelerator,
-            threads=threads,
-            data_dir=settings.data_dir,
-            recipes_dir=settings.recipes_dir,
-            attempt=fence.attempt,
-            package=package,
-        )
-        record = environment.record(spec, recipe, worker_id=job.worker_id)
-        environment.write_spec(spec.files, record)
-        store.record_environment(engine, fence, record)
-    finally:
-        # Rank 0 makes its own engine where it trains: no connection crosses a fork.
-        engine.dispose()
+    recipe, package = _recipe(settings, job)
+    spec, params = resolve(
+        job,
+        recipe,
+        accelerator=args.accelerator,
+        threads=args.threads,
+        data_dir=settings.data_dir,
+        recipes_dir=settings.recipes_dir,
+        attempt=fence.attempt,
+        package=package,
+    )
+    _record(engine, fence, spec.files, environment.record(spec, recipe, worker_id=job.worker_id))
     if spec.strategy != Strategy.ddp:
         prefix_stdio("[rank 0] ", fence.job_id)
     log.info(
@@ -149,6 +123,12 @@ def prepare(
         spec.accelerator,
     )
     return spec, recipe, params
+
+
+def _record(engine: Engine, fence: Fence, files: JobFiles, record: dict[str, Any]) -> None:
+    """The environment record, as the spec.json artifact and on the job (fenced)."""
+    environment.write_spec(files, record)
+    store.record_environment(engine, fence, record)
 
 
 def _recipe(settings: Settings, job: Job) -> tuple[Recipe, Path | None]:
@@ -162,9 +142,10 @@ def _recipe(settings: Settings, job: Job) -> tuple[Recipe, Path | None]:
             )
         return recipe, None
     assert job.id is not None
-    package = BlobCache(settings).code(job.code)
+    cache = BlobCache(settings)
+    package = cache.code(job.code)
     inputs = JobFiles.of(settings.data_dir, job.id).inputs
-    script.place_inputs(BlobCache(settings), job.data or {}, inputs)
+    script.place_inputs(cache, job.data or {}, inputs)
     os.environ["TRAINYARD_INPUT_DIR"] = str(inputs)  # the recipe's ranks inherit it
     try:
         recipes = load_package_recipes(package)
