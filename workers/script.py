@@ -33,6 +33,7 @@ from typing import BinaryIO
 
 from service.jobspec import resolve_strategy
 from service.models import Job, Strategy
+from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence
 from workers.blob_cache import BlobCache
@@ -181,8 +182,7 @@ def run(settings: Settings, fence: Fence, script: Script) -> RunnerReport:
 
 def _run_process(script: Script) -> Ended:
     """single and dp: the entrypoint as one process in this attempt's process group."""
-    tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-    stderr = _raw(2)
+    tail = _Tail(_raw(2))
     try:
         proc = subprocess.Popen(
             script.argv,
@@ -195,12 +195,10 @@ def _run_process(script: Script) -> Ended:
         return Ended(f"cannot start {script.argv[0]!r}: {exc}", False, [], cannot_start=True)
     assert proc.stderr is not None
     for line in iter(proc.stderr.readline, b""):
-        tail.append(line.decode(errors="replace").rstrip("\n"))
-        stderr.write(line)
-        stderr.flush()
+        tail.write(line.decode(errors="replace"))
     proc.stderr.close()
     returncode = proc.wait()
-    return Ended(how_it_ended(returncode), returncode == 0, list(tail))
+    return Ended(how_it_ended(returncode), returncode == 0, tail.lines())
 
 
 def _run_ranks(script: Script, terminated: threading.Event) -> Ended:
@@ -296,7 +294,7 @@ def _failed(message: str, tail: list[str], *, retryable: bool) -> RunnerReport:
             "message": message,
             "traceback": tail,
             "rank": None,
-            "code": "error",
+            "code": ReasonCode.error,
             "retryable": retryable,
         },
     )
