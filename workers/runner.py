@@ -32,6 +32,7 @@ from workers.jobfiles import JobFiles
 from workers.outcome import RunnerReport
 from workers.recipes import Recipe, load_package_recipes, load_recipes
 from workers.reporter import DbReports
+from workers.script_launch import Script
 from workers.stdio import prefix_stdio
 from workers.training import Preempted, RunSpec, resolve, stop_on_sigterm
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prepare_script(
     engine: Engine, settings: Settings, fence: Fence, job: Job, args: argparse.Namespace
-) -> script.Script:
+) -> Script:
     """A script job: its package, data and virtualenv ready, its environment recorded."""
     prepared = script.prepare(
         settings, job, fence.attempt, accelerator=args.accelerator, threads=args.threads
