@@ -13,7 +13,7 @@ from service import blob_rows
 from service.blobs import BlobStore
 from service.db import read_session
 from service.errors import SpecInvalid
-from service.jobspec import blob_uses
+from service.jobspec import blob_uses, field_of
 from service.models import JobCreate
 from service.packages import RECIPES_MODULE, PackageLimits, check_package
 
@@ -27,9 +27,8 @@ def check_inputs(engine: Engine, blobs: BlobStore, limits: PackageLimits, spec: 
         rows = blob_rows.known(session, list(uses.values()))
     for role, digest in uses.items():
         if digest not in rows or blobs.size_of(digest) is None:
-            where = ("code",) if role == "code" else ("data", role.removeprefix("data:"))
             raise SpecInvalid.at(
-                where,
+                field_of(role),
                 f"blob {digest} is not stored: upload it first with PUT /api/v1/blobs/{digest}",
             )
     if spec.code is not None:

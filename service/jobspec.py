@@ -78,6 +78,11 @@ def blob_uses(spec: JobCreate) -> dict[str, str]:
     return uses
 
 
+def field_of(role: str) -> tuple[str, ...]:
+    """Where in the spec a blob of this role is named: ("code",) or ("data", name)."""
+    return ("code",) if role == "code" else ("data", role.removeprefix("data:"))
+
+
 def check_shape(spec: JobCreate) -> None:
     """Rules between a spec's fields that hold whatever the workers are."""
     if spec.strategy == Strategy.single and spec.devices != 1:

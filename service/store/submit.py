@@ -13,7 +13,7 @@ from service import blob_rows
 from service.db import write_session
 from service.errors import BlobNotFound, IdempotencyConflict, SpecInvalid
 from service.group_commit import Values, committer
-from service.jobspec import blob_uses
+from service.jobspec import blob_uses, field_of
 from service.models import Job, JobCreate
 from service.reasons import ReasonCode
 from service.store.queries import spec_of
@@ -108,8 +108,7 @@ def _attach(session: Session, job_id: int, uses: dict[str, str]) -> None:
         blob_rows.attach(session, job_id, uses)
     except BlobNotFound as missing:
         role = next(r for r, d in uses.items() if d == missing.digest)
-        where = ("code",) if role == "code" else ("data", role.removeprefix("data:"))
-        raise SpecInvalid.at(where, f"{missing}; it was removed after the check") from None
+        raise SpecInvalid.at(field_of(role), f"{missing}; it was removed after the check") from None
 
 
 def _insert_jobs(session: Session, rows: list[Values]) -> list[Row[Any]]:
