@@ -122,9 +122,15 @@ def test_every_example_runs_uploaded_to_succeeded(stack: Stack, tmp_path: Path) 
     assert "defines: digits-mlp" in done[missing["id"]]["reason"]["message"]
 
 
-def script_pids(job_id: int, attempt: int) -> list[int]:
-    """Processes that run an attempt of the job's script (found by their environment)."""
-    marks = (f"TRAINYARD_JOB_ID={job_id}".encode(), f"TRAINYARD_ATTEMPT={attempt}".encode())
+def script_pids(stack: Stack, job_id: int, attempt: int) -> list[int]:
+    """Processes that run an attempt of the job's script, found by their environment. The
+    job's output folder names this test's stack: job ids repeat across the tests that run
+    beside this one, each with its own database."""
+    output = stack.tmp / "data" / "jobs" / str(job_id) / "output"
+    marks = (
+        f"TRAINYARD_OUTPUT_DIR={output.resolve()}".encode(),
+        f"TRAINYARD_ATTEMPT={attempt}".encode(),
+    )
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -173,7 +179,7 @@ def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
         stack, tmp_path, ["python", *command, "--step-delay", "0.05"], strategy="ddp", devices=2
     )
     wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 2, 90, "epoch 2")
-    first = script_pids(job["id"], 1)
+    first = script_pids(stack, job["id"], 1)
     assert len(first) == 2  # the ranks (the runner, their launcher, was started without it)
     # The whole box stops at once: the worker dies, the attempt freezes where it is (left
     # running, it could finish before the restarted worker kills it, and resume nothing).
@@ -274,7 +280,7 @@ def test_cancel_ends_every_process_of_a_script(stack: Stack, tmp_path: Path) -> 
         devices=2,
     )
     wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 1, 90, "epoch 1")
-    pids = script_pids(job["id"], 1)
+    pids = script_pids(stack, job["id"], 1)
     assert len(pids) == 2
     assert stack.http.post(f"/jobs/{job['id']}/cancel").status_code == 202
     done = stack.wait_status(job["id"], {"cancelled"}, timeout_s=30)
