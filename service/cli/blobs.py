@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from service.cli.app import app
-from service.cli.http import DEFAULT_URL, TokenOpt, UrlOpt, call, connect
+from service.cli.http import DEFAULT_URL, TokenOpt, UrlOpt, call, connect, shown
 
 blobs_app = typer.Typer(help="Uploaded code packages and data files.", no_args_is_help=True)
 app.add_typer(blobs_app, name="blobs")
@@ -39,7 +39,7 @@ def upload(api: httpx.Client, path: Path, *, label: str, console: Console) -> st
     try:
         present = api.head(f"/blobs/{digest}").status_code == 200
     except httpx.HTTPError as exc:
-        typer.echo(f"error: cannot reach {api.base_url}: {exc}", err=True)
+        typer.echo(f"error: cannot reach {shown(api.base_url)}: {exc}", err=True)
         raise typer.Exit(2) from exc
     if present:
         console.print(f"{label}: {digest[:19]}… already uploaded")

@@ -20,11 +20,16 @@ def connect(url: str, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers, timeout=30)
 
 
+def shown(url: httpx.URL) -> str:
+    """A server's address as it may be printed: a password in it as ``***``."""
+    return str(url.copy_with(username=url.username, password="***") if url.password else url)
+
+
 def call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
     try:
         response = client.request(method, path, **kwargs)
     except httpx.HTTPError as exc:
-        typer.echo(f"error: cannot reach {client.base_url}: {exc}", err=True)
+        typer.echo(f"error: cannot reach {shown(client.base_url)}: {exc}", err=True)
         raise typer.Exit(2) from exc
     if response.is_error:
         try:

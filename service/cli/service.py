@@ -14,17 +14,48 @@ from typing import Annotated
 import typer
 
 from service.cli.app import app
+from service.settings import Settings
 
 
 @app.command()
 def migrate() -> None:
     """Create or upgrade the database schema."""
-    from service.migrate import upgrade
-    from service.settings import Settings
+    from service.migrate import shown_url, upgrade
 
     settings = Settings()
     upgrade(settings.database_url)
-    typer.echo(f"database at {settings.database_url} is up to date")
+    typer.echo(f"database at {shown_url(settings.database_url)} is up to date")
+
+
+def _require_current_schema(settings: Settings) -> None:
+    """Refuse to start on a database whose schema is not this code's, saying what to run.
+
+    Not migrating here is deliberate: several API processes and workers on other boxes
+    start against one database, and would race to migrate it; and a migration (SQLite's
+    rewrites whole tables) is the operator's step, after a backup, not a side effect of a
+    restart with newer code. ``up``, the single-box default, migrates first.
+    """
+    from sqlalchemy.exc import DBAPIError
+
+    from service.db import make_engine
+    from service.migrate import schema_state, shown_url
+
+    engine = make_engine(settings)
+    try:
+        with engine.connect() as conn:
+            state = schema_state(conn)
+    except DBAPIError as exc:
+        # Down for now: start anyway, as on any outage; /healthz says when it is back,
+        # and what its schema is.
+        first_line = str(exc.orig or exc).splitlines()[0][:300]
+        typer.echo(f"warning: cannot read the database's schema revision: {first_line}", err=True)
+        return
+    finally:
+        engine.dispose()
+    problem = state.problem()
+    if problem is not None:
+        typer.echo(f"error: {problem} (database {shown_url(settings.database_url)})", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -33,10 +64,10 @@ def serve() -> None:
     import uvicorn
 
     from service.app import serving_app
-    from service.settings import Settings
 
     settings = Settings()
     settings.require_safe_bind()
+    _require_current_schema(settings)
     if settings.api_workers == 1:
         app = serving_app(settings)
         uvicorn.run(
@@ -68,13 +99,14 @@ def worker(
     import logging
 
     # The composition root: the API modules never import workers or torch; this command does.
-    from service.settings import Settings
     from workers.supervisor import Supervisor
 
+    settings = Settings()
+    _require_current_schema(settings)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    supervisor = Supervisor(Settings(), worker_id=worker_id)
+    supervisor = Supervisor(settings, worker_id=worker_id)
     supervisor.install_signal_handlers()
     supervisor.run(drain=drain)
 

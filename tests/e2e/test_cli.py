@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.migrate import head_revision
 from tests.e2e.conftest import one_database
-from tests.stack import REPO, Stack, free_port, stack_env, wait_for
+from tests.stack import REPO, Stack, free_port, running_stack, stack_env, wait_for
 from tests.workers.test_venvs import make_wheel
 
 pytestmark = pytest.mark.slow
@@ -161,3 +162,30 @@ def test_up_stops_its_worker_when_it_is_stopped(tmp_path: Path) -> None:
         if pid is not None and Path(f"/proc/{pid}").exists():  # orphaned: do not leak it
             os.kill(pid, signal.SIGKILL)
         api.close()
+
+
+def test_serve_and_worker_refuse_an_unmigrated_database_saying_what_to_run(
+    tmp_path: Path,
+) -> None:
+    """Issue 16 item 13: they used to start, and every request answered 503 "try again in
+    a few seconds" for ever. They refuse, naming the command; after it, serve starts."""
+    env = stack_env(tmp_path, f"sqlite:///{tmp_path / 'trainyard.db'}", free_port())
+    for command in ("serve", "worker"):
+        r = subprocess.run(
+            [sys.executable, "-m", "service.cli", command],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1, (command, r.stdout, r.stderr)
+        assert "no Trainyard schema yet: run `trainyard migrate`" in r.stderr, (command, r.stderr)
+
+    migrated = subprocess.run(
+        [sys.executable, "-m", "service.cli", "migrate"], env=env, cwd=REPO, timeout=60
+    )
+    assert migrated.returncode == 0
+    with running_stack(tmp_path, env["TRAINYARD_DATABASE_URL"]) as stack:
+        health = httpx.get(stack.url + "/healthz").json()
+        assert health["status"] == "ok" and health["schema"]["revision"] == head_revision()
