@@ -3,6 +3,7 @@ supervisor hands those devices out."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -14,6 +15,8 @@ from workers import gpu
 
 if TYPE_CHECKING:
     from workers.attempt import Attempt
+
+log = logging.getLogger(__name__)
 
 # GPU utilisation and memory, for /metrics: NVML's init costs milliseconds, so not on
 # every heartbeat.
@@ -27,8 +30,8 @@ class Box:
 
     accelerator: Accelerator
     devices: list[dict[str, Any]]
-    # Which pids hold a CUDA context on some GPUs; replaceable in tests (no GPU there).
-    gpu_pids: Callable[[list[int]], set[int] | None] = gpu.compute_pids
+    # Which pids hold a CUDA context on some GPUs (by physical id); replaceable in tests.
+    gpu_pids: Callable[[list[str]], set[int] | None] = gpu.compute_pids
     _sampled_at: float = field(default=float("-inf"), repr=False)
 
     @classmethod
@@ -39,6 +42,14 @@ class Box:
         """Device indices no attempt holds, in order."""
         held = set(busy)
         return [d["index"] for d in self.devices if d["index"] not in held]
+
+    def physical(self, indices: Iterable[int]) -> list[str]:
+        """The physical ids (see ``gpu_devices``) of these devices, for a runner's
+        ``CUDA_VISIBLE_DEVICES`` and NVML; none on a box without GPUs."""
+        if self.accelerator != Accelerator.cuda:
+            return []
+        by_index = {d["index"]: d["physical_id"] for d in self.devices}
+        return [by_index[i] for i in indices]
 
     def sample(self) -> list[dict[str, Any]] | None:
         """The GPUs' utilisation and memory, at most every GPU_SAMPLE_EVERY_S; else None."""
@@ -53,7 +64,8 @@ class Box:
         processes on them (see ``Attempt.gpus_released``)."""
         if self.accelerator != Accelerator.cuda:
             return True
-        return attempt.gpus_released(self.gpu_pids(attempt.devices), now, grace_s)
+        listed = self.gpu_pids(self.physical(attempt.devices))
+        return attempt.gpus_released(listed, now, grace_s)
 
 
 def detect(cpu_slots: int | None = None) -> tuple[Accelerator, list[dict[str, Any]]]:
@@ -61,10 +73,10 @@ def detect(cpu_slots: int | None = None) -> tuple[Accelerator, list[dict[str, An
     import torch  # here, not above: the worker starts its zygote before it pays for torch
 
     if torch.cuda.is_available():
-        devices = []
+        found = []
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            devices.append(
+            found.append(
                 {
                     "index": i,
                     "kind": "cuda",
@@ -72,8 +84,38 @@ def detect(cpu_slots: int | None = None) -> tuple[Accelerator, list[dict[str, An
                     "memory_mb": props.total_memory // 2**20,
                 }
             )
-        return Accelerator.cuda, devices
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        pci_order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") == "PCI_BUS_ID"
+        return Accelerator.cuda, gpu_devices(found, visible, pci_order=pci_order)
     slots = cpu_slots or os.cpu_count() or 1
     return Accelerator.cpu, [
         {"index": i, "kind": "cpu", "name": f"cpu slot {i}"} for i in range(slots)
     ]
+
+
+def gpu_devices(
+    found: list[dict[str, Any]], visible: str | None, *, pci_order: bool = True, nvml: Any = None
+) -> list[dict[str, Any]]:
+    """The GPUs torch ``found`` (indexed within this worker's ``CUDA_VISIBLE_DEVICES``,
+    ``visible``), each with its ``physical_id``: its UUID, or where NVML cannot tell it,
+    the worker's own entry for it (which means the same GPU to a runner, as it inherits
+    ``CUDA_DEVICE_ORDER``). The one place a worker's index becomes a physical GPU.
+
+    ``pci_order``: CUDA numbers GPUs as NVML does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``), so
+    an index entry may be looked up in NVML. ``nvml`` stands in for pynvml in tests."""
+    if visible is None:  # every GPU, numbered as CUDA numbers them
+        entries = [str(i) for i in range(len(found))]
+    else:  # CUDA's reading: comma-separated indices or UUIDs (or UUID prefixes)
+        entries = [e.strip() for e in visible.split(",")][: len(found)]
+    if len(entries) < len(found):
+        raise RuntimeError(f"torch sees {len(found)} GPUs, CUDA_VISIBLE_DEVICES={visible!r}")
+    ids = None
+    if pci_order or not any(e.isdigit() for e in entries):
+        ids = gpu.uuids(entries, nvml)
+    else:
+        log.warning(
+            "CUDA_DEVICE_ORDER is not PCI_BUS_ID: GPUs %s are handed out by index, "
+            "and NVML (which counts in PCI order) is not asked which they are",
+            entries,
+        )
+    return [{**d, "physical_id": i} for d, i in zip(found, ids or entries, strict=True)]

@@ -60,7 +60,8 @@ def script_record(
 def machine(accelerator: Accelerator | str, *, worker_id: str | None) -> dict[str, Any]:
     """Software versions, hardware, host, worker and installed packages."""
     cuda = accelerator == Accelerator.cuda
-    devices = [int(d) for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    # The physical ids the supervisor handed this runner (workers.devices.gpu_devices).
+    devices = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -90,9 +90,11 @@ class Launcher:
         accelerator: str,
         threads: int,
         claimed_at: float,
+        gpus: list[str] | None = None,
         on_exit: Callable[[], None] | None = None,
     ) -> Attempt:
-        """Start the job's runner: forked from the warm zygote, or as a fresh interpreter."""
+        """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
+        ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``)."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         JobFiles.of(self.settings.data_dir, claim.fence.job_id).clear_attempt(claim.fence.attempt)
@@ -108,7 +110,7 @@ class Launcher:
             "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash
         }
         if accelerator == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus or [])
         zygote = None if self._cold_start else self.zygote
         if zygote is None:
             popen = subprocess.Popen(

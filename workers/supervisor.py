@@ -254,6 +254,7 @@ class Supervisor:
             accelerator=self.box.accelerator,
             threads=threads,
             claimed_at=asked,
+            gpus=self.box.physical(held),
             on_exit=self._wake.set,
         )
         self.attempts[fence.job_id] = attempt

@@ -48,7 +48,7 @@ def attempt() -> Iterator[Attempt]:
 def test_nvml_without_a_gpu_says_nothing() -> None:
     if _gpus():
         pytest.skip("a GPU is present: NVML has something to say here")
-    assert gpu.compute_pids([0]) is None
+    assert gpu.compute_pids(["0"]) is None
 
 
 def test_devices_wait_while_nvml_lists_a_process_of_the_job(attempt: Attempt) -> None:
@@ -70,18 +70,19 @@ def test_devices_are_released_after_the_grace_even_if_nvml_still_lists_the_job(
 
 
 def test_the_box_asks_nvml_about_the_attempts_gpus_only_on_cuda(attempt: Attempt) -> None:
-    asked: list[list[int]] = []
+    asked: list[list[str]] = []
 
-    def nvml_lists(indices: list[int]) -> set[int]:
-        asked.append(indices)
+    def nvml_lists(physical_ids: list[str]) -> set[int]:
+        asked.append(physical_ids)
         return {7}
 
     attempt.pids_seen.add(7)
-    cuda = Box(Accelerator.cuda, [{"index": 0}, {"index": 1}], gpu_pids=nvml_lists)
+    gpus = [{"index": 0, "physical_id": "GPU-a"}, {"index": 1, "physical_id": "GPU-b"}]
+    cuda = Box(Accelerator.cuda, gpus, gpu_pids=nvml_lists)
     assert not cuda.released(attempt, now=10.0, grace_s=5)
-    assert asked == [[0, 1]]  # the attempt's own devices
+    assert asked == [["GPU-a", "GPU-b"]]  # the attempt's own devices, by physical id
     cpu = Box(Accelerator.cpu, [{"index": 0}, {"index": 1}], gpu_pids=nvml_lists)
-    assert cpu.released(attempt, now=10.0, grace_s=5) and asked == [[0, 1]]
+    assert cpu.released(attempt, now=10.0, grace_s=5) and len(asked) == 1
     assert cuda.free([1]) == [0]
 
 
@@ -112,9 +113,9 @@ def test_nvml_lists_a_child_that_holds_a_cuda_context() -> None:
     assert child.stdin is not None and child.stdout is not None
     try:
         assert child.stdout.readline() == b"ready\n"
-        pids = wait_for(lambda: gpu.compute_pids([0]), 10, "NVML to list a process")
+        pids = wait_for(lambda: gpu.compute_pids(["0"]), 10, "NVML to list a process")
         assert child.pid in pids, pids
     finally:
         child.stdin.close()
         child.wait(timeout=30)
-    wait_for(lambda: child.pid not in (gpu.compute_pids([0]) or set()), 10, "the context to go")
+    wait_for(lambda: child.pid not in (gpu.compute_pids(["0"]) or set()), 10, "the context to go")

@@ -1,0 +1,142 @@
+"""Careless neighbours, issue 16 item 7: a worker confined to some GPUs must train on
+those GPUs, and wait for those GPUs, not on the box's first ones.
+
+A worker started with ``CUDA_VISIBLE_DEVICES=2,3`` sees them as torch devices 0 and 1.
+Its runners must be handed the physical GPUs (by UUID), and the NVML release check must
+watch GPUs 2 and 3, where the job's processes run.
+
+No GPU runs here, so this is the one place a stand-in is right: the device list torch
+would report and a small NVML (only the functions ``workers.gpu`` calls, on four GPUs
+with made-up UUIDs and processes) are given to the real code through its parameters.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pytest
+
+from service.models import Accelerator, Strategy
+from service.store import Claim, Fence
+from workers import gpu
+from workers.attempt import Attempt
+from workers.devices import Box, gpu_devices
+
+UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(4)]
+JOB_PIDS = {301, 302}  # the attempt's processes, on physical GPUs 2 and 3
+NEIGHBOUR_PIDS = {101, 102}  # another worker's job, on physical GPUs 0 and 1
+
+
+@dataclass
+class Process:
+    pid: int
+
+
+class FakeNvml:
+    """NVML on four GPUs in PCI order: GPU i has UUIDS[i]; 0 and 1 run a neighbour's job,
+    2 and 3 this attempt's ranks."""
+
+    running = {0: [101], 1: [102], 2: [301], 3: [302]}
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []  # which GPUs were asked about their processes
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(UUIDS)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not 0 <= index < len(UUIDS):
+            raise ValueError(f"no GPU {index}")
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        return UUIDS.index(uuid)
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return UUIDS[handle]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Process]:
+        self.asked.append(handle)
+        return [Process(pid) for pid in self.running[handle]]
+
+
+class NoNvml:
+    """NVML on a box without its library or driver: its init fails."""
+
+    def nvmlInit(self) -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+def found(count: int) -> list[dict[str, Any]]:
+    """The device list torch reports for a worker that sees ``count`` GPUs."""
+    return [
+        {"index": i, "kind": "cuda", "name": "Stand-in GPU", "memory_mb": 81559}
+        for i in range(count)
+    ]
+
+
+@pytest.fixture
+def attempt() -> Iterator[Attempt]:
+    """An attempt on the worker's devices 0 and 1 whose processes were JOB_PIDS."""
+    proc = subprocess.Popen(["true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    claim = Claim(Fence(1, 1, "token"), devices=2, strategy=Strategy.ddp, timeout_s=None)
+    made = Attempt(claim, [0, 1], proc, proc.stdout, proc.stderr)
+    made.pids_seen.update(JOB_PIDS)
+    yield made
+    proc.wait()
+
+
+@pytest.mark.parametrize("visible", ["2,3", f"{UUIDS[2]},{UUIDS[3]}", "GPU-00000002,GPU-00000003"])
+def test_a_worker_confined_to_gpus_2_and_3_hands_out_and_watches_gpus_2_and_3(
+    visible: str, attempt: Attempt
+) -> None:
+    """Indices, full UUIDs and UUID prefixes (CUDA accepts each) name the same GPUs."""
+    nvml = FakeNvml()
+    devices = gpu_devices(found(2), visible, nvml=nvml)
+    box = Box(Accelerator.cuda, devices, gpu_pids=partial(gpu.compute_pids, nvml=nvml))
+    assert box.physical([0, 1]) == [UUIDS[2], UUIDS[3]]  # the runner's CUDA_VISIBLE_DEVICES
+    assert box.physical([1]) == [UUIDS[3]]
+    # The job's processes still hold GPUs 2 and 3: they are not released yet ...
+    assert not box.released(attempt, now=10.0, grace_s=5)
+    assert sorted(set(nvml.asked)) == [2, 3]  # ... and GPUs 0 and 1 were never asked
+    # ... and once they are gone, they are, whatever runs on GPUs 0 and 1.
+    nvml.running = {**FakeNvml.running, 2: [], 3: []}
+    assert box.released(attempt, now=11.0, grace_s=5)
+
+
+def test_a_worker_with_every_gpu_hands_out_each_by_its_own_uuid(attempt: Attempt) -> None:
+    """CUDA_VISIBLE_DEVICES unset: the worker's device i is the box's GPU i (PCI order)."""
+    nvml = FakeNvml()
+    box = Box(Accelerator.cuda, gpu_devices(found(4), None, nvml=nvml))
+    assert box.physical([0, 1, 2, 3]) == UUIDS
+    assert box.physical([2, 3]) == [UUIDS[2], UUIDS[3]]
+
+
+def test_a_worker_that_sees_no_gpu_has_no_cuda_devices() -> None:
+    """CUDA_VISIBLE_DEVICES empty: torch sees none, and nothing is made up."""
+    assert gpu_devices(found(0), "", nvml=FakeNvml()) == []
+
+
+def test_without_nvml_runners_get_the_workers_own_names_for_its_gpus() -> None:
+    """No NVML to ask: the worker's own entries (a nested CUDA_VISIBLE_DEVICES means the
+    same GPUs to the runner, which inherits CUDA_DEVICE_ORDER)."""
+    devices = gpu_devices(found(2), "2,3", nvml=NoNvml())
+    assert Box(Accelerator.cuda, devices).physical([0, 1]) == ["2", "3"]
+    devices = gpu_devices(found(2), f"{UUIDS[2]}, {UUIDS[3]}", nvml=NoNvml())
+    assert Box(Accelerator.cuda, devices).physical([1]) == [UUIDS[3]]
+
+
+def test_a_cpu_box_hands_out_no_gpus() -> None:
+    box = Box(Accelerator.cpu, [{"index": 0, "kind": "cpu"}, {"index": 1, "kind": "cpu"}])
+    assert box.physical([0, 1]) == []
