@@ -6,13 +6,12 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
@@ -21,6 +20,7 @@ from service import blob_upkeep
 from service.api import blobs, catalog, health, jobs, prometheus
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
+from service.api.guard import RequestGuard, inline_script_hashes
 from service.api.prometheus import Instruments, RequestMetrics
 from service.blobs import BlobStore
 from service.catalog import CatalogCache
@@ -33,8 +33,24 @@ log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 SWAGGER_ASSETS = "/static/swagger-ui"
-# Requests the JSON body limit does not apply to: they stream, under limits of their own.
-STREAMED_BODIES = (("PUT", f"{API_PREFIX}/blobs/"),)
+METRICS_PATH = "/metrics"
+
+
+def _streamed(method: str, path: str) -> bool:
+    """Requests the JSON body limit does not apply to: blob uploads stream to disk under
+    limits of their own (``max_code_bytes``, ``max_blob_bytes``)."""
+    return method == "PUT" and path.startswith(f"{API_PREFIX}/blobs/")
+
+
+def _guarded(settings: Settings) -> Callable[[str], bool]:
+    """Which paths need the token: the API, and /metrics unless ``metrics_open``."""
+
+    def guarded(path: str) -> bool:
+        if path == METRICS_PATH:
+            return not settings.metrics_open
+        return path == API_PREFIX or path.startswith(API_PREFIX + "/")
+
+    return guarded
 
 
 API_ROUTERS = (jobs.router, catalog.router, blobs.router)
@@ -69,22 +85,28 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     for router in API_ROUTERS:
         app.include_router(router, prefix=API_PREFIX, dependencies=[AuthDep])
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, exempt=STREAMED_BODIES)
+    app.add_middleware(
+        RequestGuard, settings=settings, guarded=_guarded(settings), streamed=_streamed
+    )
     app.add_middleware(
         RequestMetrics, instruments=app.state.instruments, templates=_route_templates()
     )
 
     app.mount(SWAGGER_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
 
+    swagger_page = get_swagger_ui_html(
+        openapi_url=app.openapi_url or "/openapi.json",
+        title="Trainyard API",
+        swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
+        swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
+    ).body
+    # The page starts Swagger UI with an inline script: allowed by its hash, nothing else.
+    swagger_policy = inline_script_hashes(bytes(swagger_page))
+
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
-            title="Trainyard API",
-            swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
-        )
+        return HTMLResponse(swagger_page, headers={"Content-Security-Policy": swagger_policy})
 
     mount_dashboard(app)
 
@@ -126,28 +148,3 @@ def serving_app(settings: Settings | None = None) -> FastAPI:
     gc.collect()  # nothing already garbage gets frozen
     gc.freeze()
     return app
-
-
-class BodyLimit:
-    """413 for a request whose declared body is larger than the limit, unless its method
-    and path prefix are among ``exempt`` (routes that stream under their own limit)."""
-
-    def __init__(self, app: Any, max_bytes: int, exempt: tuple[tuple[str, str], ...] = ()) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.exempt = exempt
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not any(
-            scope["method"] == method and scope["path"].startswith(prefix)
-            for method, prefix in self.exempt
-        ):
-            length = dict(scope["headers"]).get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-                response = JSONResponse(
-                    {"detail": f"request body larger than {self.max_bytes} bytes"},
-                    status_code=413,
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

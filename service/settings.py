@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# A token is all that stands between the network and running code on the box.
+MIN_TOKEN_CHARS = 16
+MAKE_A_TOKEN = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 class Settings(BaseSettings):
@@ -21,7 +26,22 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("./data"), description="Artifacts, checkpoints, runner files.")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    api_token: str | None = Field(None, description="Bearer token required on /api/v1.")
+    api_token: str | None = Field(
+        None,
+        description=f"Bearer token required on /api/v1; at least {MIN_TOKEN_CHARS} characters "
+        f"(make one with: {MAKE_A_TOKEN}).",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        ["localhost", "127.0.0.1", "::1"],
+        description="Host names the API answers to, comma-separated; '*.example.com' matches "
+        "subdomains, '*' any. Other Host headers get 400: a web page that rebinds its own "
+        "name to this box's address (DNS rebinding) cannot reach the API.",
+    )
+    metrics_open: bool = Field(
+        False,
+        description="Serve /metrics without the token (a scraper on a trusted network); by "
+        "default it needs the API token when the server has one.",
+    )
     recipes_dir: Path | None = Field(None, description="Extra recipes: every .py file here.")
     worker_id: str | None = Field(None, description="Stable worker name; default hostname.")
     cpu_slots: int | None = Field(
@@ -97,6 +117,31 @@ class Settings(BaseSettings):
         ge=0,
         description="A job queued this long reserves devices: no smaller job overtakes it.",
     )
+    job_memory_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="On a worker without GPUs, the part of the box's memory its jobs share: "
+        "each job gets its device slots' part, and an allocation past it fails the job "
+        "(out_of_memory) instead of the kernel killing some process.",
+    )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [h.strip().lower() for h in value.split(",") if h.strip()]
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _strong_token(cls, value: str | None) -> str | None:
+        if value is not None and len(value) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"a token needs at least {MIN_TOKEN_CHARS} characters; "
+                f"make one with: {MAKE_A_TOKEN}"
+            )
+        return value
 
     def require_safe_bind(self) -> None:
         """Refuse to serve a non-loopback address without a token."""

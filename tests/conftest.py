@@ -43,7 +43,13 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
-    return Settings(database_url=database_url, data_dir=tmp_path / "data", api_token=None)
+    # "testserver": the Host header of Starlette's TestClient
+    return Settings(
+        database_url=database_url,
+        data_dir=tmp_path / "data",
+        api_token=None,
+        allowed_hosts=["testserver"],
+    )
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ the query and the session's close share one hop, and is wrapped in ``pooled``.
 from __future__ import annotations
 
 import functools
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Annotated, ParamSpec, TypeVar
 
@@ -19,6 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 
+from service.api.guard import MISSING_TOKEN, token_accepted
 from service.blobs import BlobStore
 from service.catalog import Catalog, CatalogCache
 from service.settings import Settings
@@ -76,13 +76,13 @@ async def require_token(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """401 unless the request carries the server's token (when it has one)."""
-    if settings.api_token is None:
-        return
-    given = credentials.credentials if credentials else ""
-    if not secrets.compare_digest(given.encode(), settings.api_token.encode()):
+    # RequestGuard has already refused a wrong token, before the body was read; this is
+    # the same check, declared here so OpenAPI (and Swagger's Authorize) shows the scheme.
+    given = f"Bearer {credentials.credentials}" if credentials else None
+    if not token_accepted(settings.api_token, given):
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
-            detail="missing or wrong token: send Authorization: Bearer <TRAINYARD_API_TOKEN>",
+            detail=MISSING_TOKEN,
             headers={"WWW-Authenticate": "Bearer"},
         )
 

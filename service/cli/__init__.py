@@ -7,10 +7,21 @@
 
 from __future__ import annotations
 
+import sys
+
+from pydantic import ValidationError
+
 from service.cli import blobs, jobs, service  # noqa: F401  (each registers its commands)
 from service.cli.app import app
 
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    try:
+        app()
+    except ValidationError as bad:  # a TRAINYARD_* setting: say which, without a traceback
+        for error in bad.errors():
+            field = "_".join(str(part) for part in error["loc"]).upper()
+            message = error["msg"].removeprefix("Value error, ")
+            sys.stderr.write(f"error: TRAINYARD_{field}: {message}\n")
+        sys.exit(2)

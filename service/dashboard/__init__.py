@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 from starlette.types import Scope
@@ -43,3 +43,9 @@ def mount_dashboard(app: FastAPI) -> None:
     def dashboard() -> FileResponse:
         """The dashboard's single page; it routes by the URL fragment (#/jobs/7)."""
         return FileResponse(STATIC_DIR / "index.html", headers=NO_CACHE)
+
+    @app.get("/jobs/{job_id}", include_in_schema=False)
+    def job_page(job_id: int) -> RedirectResponse:
+        """A job's page typed as a path (/jobs/7): the dashboard's own is /#/jobs/7. The
+        redirect is relative, so it holds behind a proxy that mounts the app under a prefix."""
+        return RedirectResponse(f"../#/jobs/{job_id}")

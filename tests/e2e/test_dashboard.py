@@ -336,7 +336,11 @@ def _local_urls(page: str, text: str) -> set[str]:
 
 def test_the_page_loads_nothing_from_outside_the_app(tmp_path: Path) -> None:
     """Offline: every stylesheet, script and module the page loads is the app's own."""
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'unused.db'}", data_dir=tmp_path)
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'unused.db'}",
+        data_dir=tmp_path,
+        allowed_hosts=["dashboard"],
+    )
     client = TestClient(create_app(settings), base_url="http://dashboard")
     todo, seen = {"http://dashboard/"}, set()
     while todo:

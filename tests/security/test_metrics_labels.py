@@ -31,7 +31,13 @@ def series(text: str) -> set[tuple[str, str, str]]:
 def test_distinct_hostile_paths_add_no_series(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'trainyard.db'}"
     upgrade(url)
-    settings = Settings(database_url=url, data_dir=tmp_path / "data", api_token=TOKEN)
+    settings = Settings(
+        database_url=url,
+        data_dir=tmp_path / "data",
+        api_token=TOKEN,
+        allowed_hosts=["testserver"],
+        metrics_open=True,  # scraped below without the token
+    )
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with TestClient(create_app(settings)) as client:
 
