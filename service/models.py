@@ -11,18 +11,51 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, StringConstraints
+from pydantic import AfterValidator, ConfigDict, StringConstraints
 from sqlalchemy import JSON, DateTime, Index, Row, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
+
+# The widest integers the columns hold: INTEGER is 32 bits on PostgreSQL (ids, steps,
+# event numbers, spec fields), and nothing in SQLite is wider than 64. Every integer that
+# comes in is bounded by one of these (or tighter), so none reaches the database too wide.
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+
+
+# No NUL character: PostgreSQL's text refuses one (an INSERT that holds it fails whole),
+# and no file name or program argument can carry one. A pattern, not a validator
+# function, so a field's own max_length stays a string's ("at most 100 characters").
+NUL_FREE_PATTERN = r"^[^\x00]*$"
+
+
+def refuse_nul_within(value: Any) -> Any:
+    """A JSON value, unless one of its strings (keys included, at any depth) holds a NUL."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("no string in it may contain a NUL character (\\u0000)")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            refuse_nul_within(key)
+            refuse_nul_within(item)
+    elif isinstance(value, list):
+        for item in value:
+            refuse_nul_within(item)
+    return value
+
+
+# Every string that comes in, in a body, path or query: no NUL character.
+NulFreeStr = Annotated[str, StringConstraints(pattern=NUL_FREE_PATTERN)]
+# A JSON object that comes in (a recipe's params): no NUL in any of its strings.
+JsonObject = Annotated[dict[str, Any], AfterValidator(refuse_nul_within)]
 
 # A blob's name: the SHA-256 of its bytes.
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 DIGEST_MAX = len("sha256:") + 64
-Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
+Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]  # no NUL in it
 # A data file's name under $TRAINYARD_INPUT_DIR: one plain file name, not hidden.
 DataName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")]
-Argument = Annotated[str, StringConstraints(max_length=10_000)]
-Requirement = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+Argument = Annotated[NulFreeStr, StringConstraints(max_length=10_000)]
+Requirement = Annotated[NulFreeStr, StringConstraints(min_length=1, max_length=1000)]
 
 
 def utcnow() -> datetime:
@@ -97,19 +130,19 @@ class EnumAsString(TypeDecorator[StrEnum]):
 class JobBase(SQLModel):
     """The job spec: what to train and how."""
 
-    name: str | None = Field(None, max_length=100, description="A label for people.")
-    recipe: str | None = Field(
+    name: NulFreeStr | None = Field(None, max_length=100, description="A label for people.")
+    recipe: NulFreeStr | None = Field(
         None,
         max_length=100,
         description="A registered recipe, see GET /api/v1/recipes; or leave it out and "
         "give code and entrypoint to run your own script.",
     )
-    params: dict[str, Any] = Field(
+    params: JsonObject = Field(
         default_factory=dict,
         sa_type=JSON,
         description="The recipe's own parameters, validated by its JSON schema.",
     )
-    code: str | None = Field(
+    code: str | None = Field(  # its pattern admits no NUL
         None,
         max_length=DIGEST_MAX,
         regex=DIGEST_PATTERN,

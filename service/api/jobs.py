@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
@@ -21,12 +21,15 @@ from service.api.deps import (
     SettingsDep,
     pooled,
 )
+from service.api.responses import GUARDED, JOB_NOT_FOUND, JSON_BODY, SPEC_REFUSED, WRITE, error
 from service.artifacts import artifact_path, list_artifacts
 from service.catalog import waiting_reason
 from service.db import read_session
 from service.inputs import check_inputs
 from service.models import (
     JOB_EXAMPLE,
+    MAX_INT32,
+    MAX_INT64,
     SCRIPT_EXAMPLE,
     JobCreate,
     JobList,
@@ -36,17 +39,24 @@ from service.models import (
     LogLineRead,
     Metric,
     MetricRead,
+    NulFreeStr,
 )
 from service.packages import PackageLimits
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=GUARDED)
+
+# A job's id in a path: the id column is 32-bit on PostgreSQL, so a wider one names no job.
+JobId = Annotated[int, Path(ge=1, le=MAX_INT32, description="The job's id.")]
 
 
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     summary="Submit a training job",
-    responses={409: {"description": "Idempotency-Key reused with another spec"}},
+    responses=WRITE
+    | JSON_BODY
+    | SPEC_REFUSED
+    | {409: error("Idempotency-Key reused with another spec")},
 )
 async def submit_job(
     spec: Annotated[
@@ -97,7 +107,7 @@ def list_jobs(
     engine: EngineDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
 ) -> JobList:
     """Jobs, optionally of one status, newest first."""
     with read_session(engine) as session:
@@ -107,9 +117,11 @@ def list_jobs(
     )
 
 
-@router.get("/{job_id}", summary="Get a job's status, reason and progress")
+@router.get(
+    "/{job_id}", summary="Get a job's status, reason and progress", responses=JOB_NOT_FOUND
+)
 @pooled
-def get_job(job_id: int, engine: EngineDep, catalog: CatalogDep) -> JobRead:
+def get_job(job_id: JobId, engine: EngineDep, catalog: CatalogDep) -> JobRead:
     """One job, with its live progress and, while queued, its place in the queue."""
     with read_session(engine) as session:
         job = store.get_job(session, job_id)
@@ -120,11 +132,14 @@ def get_job(job_id: int, engine: EngineDep, catalog: CatalogDep) -> JobRead:
 
 
 @router.post(
-    "/{job_id}/rerun", status_code=status.HTTP_201_CREATED, summary="Submit an identical job"
+    "/{job_id}/rerun",
+    status_code=status.HTTP_201_CREATED,
+    summary="Submit an identical job",
+    responses=WRITE | JOB_NOT_FOUND | SPEC_REFUSED,
 )
 @pooled
 def rerun_job(
-    job_id: int,
+    job_id: JobId,
     response: Response,
     engine: EngineDep,
     catalogs: CatalogsDep,
@@ -146,21 +161,21 @@ def rerun_job(
     "/{job_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     summary="Cancel a job",
-    responses={409: {"description": "The job already finished"}},
+    responses=WRITE | JOB_NOT_FOUND | {409: error("The job already finished")},
 )
 @pooled
-def cancel_job(job_id: int, engine: EngineDep) -> JobRead:
+def cancel_job(job_id: JobId, engine: EngineDep) -> JobRead:
     """Cancel a queued job now, or ask the worker to stop a running one. Idempotent."""
     return JobRead.from_row(store.cancel_job(engine, job_id))
 
 
-@router.get("/{job_id}/metrics", summary="A job's metric time series")
+@router.get("/{job_id}/metrics", summary="A job's metric time series", responses=JOB_NOT_FOUND)
 @pooled
 def get_metrics(
-    job_id: int,
+    job_id: JobId,
     engine: EngineDep,
-    name: Annotated[str | None, Query(max_length=100)] = None,
-    after_step: Annotated[int, Query(ge=-1)] = -1,
+    name: Annotated[NulFreeStr | None, Query(max_length=100)] = None,
+    after_step: Annotated[int, Query(ge=-1, le=MAX_INT32)] = -1,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list[MetricRead]:
     """Points ordered by step, optionally of one metric and after a step."""
@@ -173,12 +188,12 @@ def get_metrics(
         return [MetricRead.model_validate(m, from_attributes=True) for m in rows]
 
 
-@router.get("/{job_id}/logs", summary="A job's log lines")
+@router.get("/{job_id}/logs", summary="A job's log lines", responses=JOB_NOT_FOUND)
 @pooled
 def get_logs(
-    job_id: int,
+    job_id: JobId,
     engine: EngineDep,
-    after_seq: Annotated[int, Query(ge=0)] = 0,
+    after_seq: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[LogLineRead]:
     """stdout/stderr lines of every process of the job, after a sequence number."""
@@ -195,7 +210,7 @@ def get_logs(
         ]
 
 
-def _job_exists(job_id: int, engine: EngineDep) -> None:
+def _job_exists(job_id: JobId, engine: EngineDep) -> None:
     """404 unless the job exists. For the event stream, a dependency: 404 before the stream
     starts, not inside it, from a session closed at once (not one held for the stream)."""
     with read_session(engine) as session:
@@ -206,16 +221,21 @@ def _job_exists(job_id: int, engine: EngineDep) -> None:
     "/{job_id}/events",
     # returned as a response of its own (FastAPI's SSE generators encode per watcher)
     response_class=Response,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "The stream"}},
+    responses={200: {"content": {"text/event-stream": {}}, "description": "The stream"}}
+    | JOB_NOT_FOUND,
     summary="Watch a job live (Server-Sent Events)",
     dependencies=[Depends(_job_exists)],
 )
 async def job_events(
-    job_id: int,
+    job_id: JobId,
     request: Request,
     last_event_id: Annotated[
         int | None,
-        Header(ge=0, description="Resume after this event id (browsers send it on reconnect)."),
+        Header(
+            ge=0,
+            le=MAX_INT32,
+            description="Resume after this event id (browsers send it on reconnect).",
+        ),
     ] = None,
 ) -> EventSourceResponse:
     """`status` (the job), `progress`, `metric` and `log` events, each with an increasing
@@ -237,9 +257,11 @@ async def job_events(
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@router.get("/{job_id}/artifacts", summary="List a job's artifacts")
+@router.get("/{job_id}/artifacts", summary="List a job's artifacts", responses=JOB_NOT_FOUND)
 @pooled
-def get_artifacts(job_id: int, engine: EngineDep, settings: SettingsDep) -> list[dict[str, object]]:
+def get_artifacts(
+    job_id: JobId, engine: EngineDep, settings: SettingsDep
+) -> list[dict[str, object]]:
     """Final model (model.safetensors), resolved spec (spec.json) and checkpoints."""
     _job_exists(job_id, engine)
     return list_artifacts(settings.data_dir, job_id)
@@ -249,9 +271,10 @@ def get_artifacts(job_id: int, engine: EngineDep, settings: SettingsDep) -> list
     "/{job_id}/artifacts/{name:path}",
     summary="Download an artifact",
     response_class=FileResponse,
+    responses={404: error("No such job, or it has no artifact of this name")},
 )
 def download_artifact(
-    job_id: int, name: str, engine: EngineDep, settings: SettingsDep
+    job_id: JobId, name: NulFreeStr, engine: EngineDep, settings: SettingsDep
 ) -> FileResponse:
     """The artifact's bytes."""
     _job_exists(job_id, engine)
