@@ -17,10 +17,11 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, func, select
-from sqlmodel import Session, col
+from sqlalchemy import Engine, select
+from sqlmodel import Session
 
-from service.models import Job, JobStatus, Worker, utcnow
+from service.models import JobStatus, Worker, utcnow
+from service.store import stats
 
 router = APIRouter(tags=["health"])
 
@@ -36,13 +37,8 @@ class QueueCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         with Session(self.engine) as session:
-            by_status = select(Job.status, func.count()).group_by(Job.status)
-            counts: dict[str, int] = {str(s): n for s, n in session.execute(by_status).all()}
-            finished = session.execute(
-                select(Job.started_at, Job.finished_at).where(
-                    col(Job.finished_at).is_not(None), col(Job.started_at).is_not(None)
-                )
-            ).all()
+            counts = stats.jobs_by_status(session)
+            durations = stats.duration_histogram(session, DURATION_BUCKETS_S)
             workers = session.execute(select(Worker.id, Worker.heartbeat_at, Worker.devices)).all()
         jobs = GaugeMetricFamily("trainyard_jobs", "Jobs by status.", labels=["status"])
         for status in JobStatus:
@@ -51,13 +47,14 @@ class QueueCollector(Collector):
         yield GaugeMetricFamily(
             "trainyard_queue_depth", "Jobs waiting to run.", value=counts.get(JobStatus.queued, 0)
         )
-        durations = sorted((end - start).total_seconds() for start, end in finished)
-        buckets = [(str(b), sum(1 for d in durations if d <= b)) for b in DURATION_BUCKETS_S]
+        buckets = [
+            (str(b), n) for b, n in zip(DURATION_BUCKETS_S, durations.cumulative, strict=True)
+        ]
         yield HistogramMetricFamily(
             "trainyard_job_duration_seconds",
             "Wall time of finished jobs' last attempt.",
-            buckets=[*buckets, ("+Inf", len(durations))],
-            sum_value=sum(durations),
+            buckets=[*buckets, ("+Inf", durations.count)],
+            sum_value=durations.sum_s,
         )
         now = utcnow()
         age = GaugeMetricFamily(
