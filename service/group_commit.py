@@ -7,10 +7,14 @@ writer thread and wait for its future (the API awaits it on the event loop, hold
 thread); the writer takes whatever has queued up meanwhile (one row when idle, dozens
 under load) and inserts it all in one transaction. Nothing waits on a timer: an idle
 submit is written at once.
+
+A row the database refuses (one that got past validation) fails its own request only:
+a batch that fails is written again row by row.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -19,10 +23,13 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlmodel import Session
 
 from service.db import write_session
 
+log = logging.getLogger(__name__)
 MAX_BATCH = 256
 
 Values = dict[str, Any]  # one row to insert
@@ -61,14 +68,39 @@ class GroupCommit:
                 if done.set_running_or_notify_cancel():
                     batch.append((row, done))
             try:
-                with write_session(self.engine) as session:
-                    results = self.write(session, [row for row, _ in batch])
-            except BaseException as exc:  # every caller of the batch learns why
-                for _, done in batch:
-                    done.set_exception(exc)
-                continue
-            for (_, done), result in zip(batch, results, strict=True):
-                done.set_result(result)
+                self._commit(batch)
+            except BaseException as exc:
+                if len(batch) == 1 or _unreachable(exc):  # every caller learns why
+                    for _, done in batch:
+                        done.set_exception(exc)
+                    continue
+                # The database refused the batch: perhaps one row of it. Each row again
+                # in a transaction of its own, so only a bad row's request fails.
+                log.warning(
+                    "a batch of %d submits failed (%s); writing them one by one",
+                    len(batch),
+                    exc.__class__.__name__,
+                )
+                for one in batch:
+                    try:
+                        self._commit([one])
+                    except BaseException as row_exc:
+                        one[1].set_exception(row_exc)
+
+    def _commit(self, batch: list[tuple[Values, Future[Any]]]) -> None:
+        """Write the batch's rows in one transaction, then answer each row's future."""
+        with write_session(self.engine) as session:
+            results = self.write(session, [row for row, _ in batch])
+        for (_, done), result in zip(batch, results, strict=True):
+            done.set_result(result)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether the batch failed for want of the database, not for a row of it: then each
+    row alone would fail the same way, one wait after another."""
+    return isinstance(exc, OperationalError | InterfaceError | PoolTimeout) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
 
 
 _committers: WeakKeyDictionary[Engine, GroupCommit] = WeakKeyDictionary()
