@@ -11,6 +11,7 @@ import jsonschema
 from sqlalchemy import Engine, func, select, update
 from sqlmodel import Session, col
 
+from service import recipe_memory
 from service.db import read_session, write_session
 from service.errors import SpecInvalid
 from service.jobspec import (
@@ -19,6 +20,7 @@ from service.jobspec import (
     resolve_accelerator,
     served_accelerators,
     strategy_problem,
+    world_size,
 )
 from service.models import (
     Accelerator,
@@ -211,6 +213,8 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
             f"asks for {spec.devices} devices; the largest worker ({largest.id}) has "
             f"{len(largest.devices)}",
         )
+    if spec.recipe is not None and spec.code is None:
+        _check_memory(catalog, spec, eligible)
     return (ReasonCode.queued, f"waiting for a worker with {spec.devices} free device(s)")
 
 
@@ -226,6 +230,31 @@ def _check_recipe(catalog: Catalog, recipe: str, params: dict[str, Any]) -> None
                 {"loc": ["body", "params", *e.absolute_path], "msg": e.message, "type": "params"}
                 for e in errors
             ]
+        )
+
+
+def _check_memory(catalog: Catalog, spec: JobCreate, eligible: list[Worker]) -> None:
+    """Refuse a recipe job whose params need more memory (the recipe's own floor, see
+    ``service.recipe_memory``) than any worker offers one of its processes."""
+    assert spec.recipe is not None
+    need = recipe_memory.estimate(catalog.recipes[spec.recipe].params_schema, spec.params)
+    if need is None:
+        return
+    processes = world_size(spec.strategy, spec.devices)
+    offers = [
+        recipe_memory.offered_per_process(w.devices, spec.devices, processes)
+        for w in eligible
+        if len(w.devices) >= spec.devices and any(r["name"] == spec.recipe for r in w.recipes)
+    ]
+    if not offers or None in offers:  # a worker that does not say may have enough
+        return
+    most = max(o for o in offers if o is not None)
+    if need.bytes > most:
+        raise SpecInvalid.at(
+            ("params",),
+            f"{', '.join(need.fields)} ask for {recipe_memory.size(need.bytes)} per process "
+            f"at least, {need.formula}; the most any worker offers a process of a job on "
+            f"{spec.devices} device(s) is {recipe_memory.size(most)}",
         )
 
 

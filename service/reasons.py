@@ -30,6 +30,7 @@ class ReasonCode(StrEnum):
     # ended by the training code
     error = "error"  # an exception in training; retried
     cuda_oom = "cuda_oom"  # CUDA out of memory; the same spec would run out again
+    out_of_memory = "out_of_memory"  # past its share of the box's memory; not retried
     bad_spec = "bad_spec"  # the spec cannot run on this worker (dp on CPU, say)
     bad_params = "bad_params"  # the recipe refused its params
     unknown_recipe = "unknown_recipe"  # the worker that claimed it has no such recipe

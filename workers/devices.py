@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from service.models import Accelerator
-from workers import gpu
+from workers import gpu, memory_limit
 
 if TYPE_CHECKING:
     from workers.attempt import Attempt
@@ -35,8 +35,8 @@ class Box:
     _sampled_at: float = field(default=float("-inf"), repr=False)
 
     @classmethod
-    def detect(cls, cpu_slots: int | None = None) -> Box:
-        return cls(*detect(cpu_slots))
+    def detect(cls, cpu_slots: int | None = None, memory_fraction: float = 1.0) -> Box:
+        return cls(*detect(cpu_slots, memory_fraction))
 
     def free(self, busy: Iterable[int]) -> list[int]:
         """Device indices no attempt holds, in order."""
@@ -50,6 +50,15 @@ class Box:
             return []
         by_index = {d["index"]: d["physical_id"] for d in self.devices}
         return [by_index[i] for i in indices]
+
+    def memory_limit(self, indices: Iterable[int], processes: int) -> int | None:
+        """Bytes each of a job's processes may hold, on these devices (see
+        ``workers.memory_limit``); None on a box with GPUs."""
+        if self.accelerator != Accelerator.cpu:
+            return None
+        held = set(indices)
+        slots_mb = [d["memory_mb"] for d in self.devices if d["index"] in held]
+        return memory_limit.process_limit_bytes(slots_mb, processes)
 
     def sample(self) -> list[dict[str, Any]] | None:
         """The GPUs' utilisation and memory, at most every GPU_SAMPLE_EVERY_S; else None."""
@@ -68,8 +77,11 @@ class Box:
         return attempt.gpus_released(listed, now, grace_s)
 
 
-def detect(cpu_slots: int | None = None) -> tuple[Accelerator, list[dict[str, Any]]]:
-    """(accelerator, devices): every visible GPU, else ``cpu_slots`` (default: core count)."""
+def detect(
+    cpu_slots: int | None = None, memory_fraction: float = 1.0
+) -> tuple[Accelerator, list[dict[str, Any]]]:
+    """(accelerator, devices): every visible GPU, else ``cpu_slots`` (default: core count),
+    each with its part of ``memory_fraction`` of the box's memory (a job's budget)."""
     import torch  # here, not above: the worker starts its zygote before it pays for torch
 
     if torch.cuda.is_available():
@@ -88,8 +100,10 @@ def detect(cpu_slots: int | None = None) -> tuple[Accelerator, list[dict[str, An
         pci_order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") == "PCI_BUS_ID"
         return Accelerator.cuda, gpu_devices(found, visible, pci_order=pci_order)
     slots = cpu_slots or os.cpu_count() or 1
+    slot_mb = memory_limit.slot_memory_mb(memory_fraction, slots)
     return Accelerator.cpu, [
-        {"index": i, "kind": "cpu", "name": f"cpu slot {i}"} for i in range(slots)
+        {"index": i, "kind": "cpu", "name": f"cpu slot {i}", "memory_mb": slot_mb}
+        for i in range(slots)
     ]
 
 

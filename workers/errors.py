@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from service.reasons import ReasonCode
+from workers.memory_limit import ran_out
 
 TRACEBACK_LINES = 30
 
@@ -27,6 +28,8 @@ def describe(exc: BaseException, rank: int | None = None) -> dict[str, Any]:
         code, retryable = exc.code, False
     elif isinstance(exc, torch.OutOfMemoryError):
         code, retryable = ReasonCode.cuda_oom, False
+    elif ran_out(exc):  # past the job's memory limit (workers.memory_limit)
+        code, retryable = ReasonCode.out_of_memory, False
     tb = "".join(traceback.format_exception(exc)).splitlines()
     return {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",

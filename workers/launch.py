@@ -91,10 +91,12 @@ class Launcher:
         threads: int,
         claimed_at: float,
         gpus: list[str] | None = None,
+        memory_limit: int | None = None,
         on_exit: Callable[[], None] | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
-        ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``)."""
+        ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
+        ``memory_limit``: bytes each of its processes may hold (``Box.memory_limit``)."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         JobFiles.of(self.settings.data_dir, claim.fence.job_id).clear_attempt(claim.fence.attempt)
@@ -105,6 +107,8 @@ class Launcher:
             "--accelerator", accelerator,
             "--threads", str(threads),
         ]  # fmt: skip
+        if memory_limit is not None:
+            args += ["--memory-limit", str(memory_limit)]
         env = {
             **self._env,
             "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash

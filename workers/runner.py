@@ -29,6 +29,7 @@ from workers import environment, script, strategies
 from workers.blob_cache import BlobCache
 from workers.errors import NotRetryable, describe
 from workers.jobfiles import JobFiles
+from workers.memory_limit import apply as limit_memory
 from workers.outcome import RunnerReport
 from workers.recipes import Recipe, load_package_recipes, load_recipes
 from workers.reporter import DbReports
@@ -47,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-token", required=True)
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--memory-limit", type=int, help="bytes of data per process")
     args = parser.parse_args(argv)
+    if args.memory_limit is not None:  # first: every process of the attempt inherits it
+        limit_memory(args.memory_limit)
 
     settings = Settings()
     fence = Fence(args.job_id, args.attempt, args.lease_token)

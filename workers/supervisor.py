@@ -157,7 +157,7 @@ class Supervisor:
         # beside this process's own (torch again, for the devices and recipes, ~1.3 s)
         # rather than after them. (This module imports nothing heavy for that reason.)
         self.launcher.open()
-        self.box = Box.detect(self.settings.cpu_slots)
+        self.box = Box.detect(self.settings.cpu_slots, self.settings.job_memory_fraction)
         self.recipes = load_recipes(self.settings.recipes_dir)
 
     def _idle_wait(self) -> float:
@@ -255,6 +255,7 @@ class Supervisor:
             threads=threads,
             claimed_at=asked,
             gpus=self.box.physical(held),
+            memory_limit=self.box.memory_limit(held, processes),
             on_exit=self._wake.set,
         )
         self.attempts[fence.job_id] = attempt

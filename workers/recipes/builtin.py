@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
+from service.recipe_memory import MEMORY_KEY
 from workers.recipes import Recipe
+
+# What every process holds at least, as float32 values: the data set (train and
+# validation, each rank builds all of it) and the weights with their gradients and
+# AdamW's two moments. The API refuses at submit what no worker has memory for.
+MLP_MEMORY: dict[str, JsonValue] = {
+    "bytes_per_value": 4,
+    "terms": [
+        ["features", "train_samples"],
+        ["features", "val_samples"],
+        [4, "features", "hidden"],
+        [4, "hidden", "hidden", "layers"],
+    ],
+}
 
 
 class MLPParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={MEMORY_KEY: MLP_MEMORY})
 
     hidden: int = Field(64, ge=1, le=65536, description="Width of each hidden layer.")
     layers: int = Field(2, ge=1, le=64, description="Number of hidden layers.")

@@ -1,0 +1,109 @@
+"""Careless neighbours, issue 16 item 9: a job that asks for more memory than its share
+of the box must fail alone, and fail for good.
+
+A built-in recipe's ``features`` x ``train_samples`` can ask for terabytes. On a CPU box
+each job now has a budget (its slots' part of ``JOB_MEMORY_FRACTION`` of the box's
+memory): past it, its allocation is refused, the job ends ``failed`` with reason
+``out_of_memory`` on its first attempt (another attempt would run out again), and the
+worker and the API live on. What the recipe can tell is too big is refused at submit
+(422 naming the fields and the figure), before any worker spends memory on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from service.catalog import register_worker
+from service.models import JobStatus, Worker
+from service.reasons import ReasonCode
+from tests.stack import RECIPES_DIR, running_stack, wait_for
+from workers.memory_limit import box_memory_bytes
+from workers.outcome import RunnerReport, decide
+from workers.recipes import load_recipes
+
+GIB = 2**30
+
+
+def add_worker(engine: Engine, slots: int, slot_mb: int | None) -> None:
+    """A worker row offering the built-in recipes, its slots of ``slot_mb`` each (None:
+    a worker that does not say, as one from before memory budgets)."""
+    memory = {} if slot_mb is None else {"memory_mb": slot_mb}
+    register_worker(
+        engine,
+        Worker(
+            id="w1",
+            hostname="test",
+            pid=1,
+            accelerator="cpu",
+            devices=[{"index": i, "kind": "cpu", **memory} for i in range(slots)],
+            recipes=[r.describe() for r in load_recipes(RECIPES_DIR).values()],
+        ),
+    )
+
+
+def huge(**spec: Any) -> dict[str, Any]:
+    """A recipe job whose data set alone is 65536 features x 10M samples x 4 bytes."""
+    params = {"features": 65536, "train_samples": 10_000_000}
+    return {"recipe": "mlp-regression", "devices": 1, "params": params, **spec}
+
+
+def test_submit_refuses_what_no_worker_has_memory_for(client: TestClient, engine: Engine) -> None:
+    add_worker(engine, slots=2, slot_mb=8192)  # 16 GiB for a job on both slots
+    r = client.post("/api/v1/jobs", json=huge())
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "params"]
+    for named in ("features", "train_samples", "val_samples", "2.4 TiB", "8.0 GiB"):
+        assert named in error["msg"], error["msg"]
+    assert client.get("/api/v1/jobs").json()["total"] == 0  # nothing was queued
+    # Two slots' worth for a single process of two devices (ddp splits it by rank).
+    r = client.post("/api/v1/jobs", json=huge(strategy="ddp", devices=2, batch_size=64))
+    assert r.status_code == 422 and "8.0 GiB" in r.json()["detail"][0]["msg"]
+    # A job the memory holds is accepted.
+    small = {"features": 64, "train_samples": 10_000}
+    r = client.post("/api/v1/jobs", json=huge(params=small))
+    assert r.status_code == 201, r.text
+
+
+def test_submit_does_not_guess_for_workers_that_do_not_say(
+    client: TestClient, engine: Engine
+) -> None:
+    add_worker(engine, slots=2, slot_mb=None)
+    assert client.post("/api/v1/jobs", json=huge()).status_code == 201
+
+
+def test_out_of_memory_is_final() -> None:
+    error = {"type": "builtins.RuntimeError", "message": "can't allocate memory"}
+    report = RunnerReport(ok=False, error={**error, "code": "out_of_memory", "retryable": False})
+    outcome = decide(None, report, 1, timeout_s=None, stall_timeout_s=60, worker_id="w")
+    assert outcome.status == JobStatus.failed and outcome.reason_code == ReasonCode.out_of_memory
+    assert not outcome.retryable
+
+
+def test_a_job_past_its_memory_fails_alone_and_for_good(tmp_path: Path) -> None:
+    """A real worker whose slots hold 1 GiB each; the job's data set is ~0.6 GiB (so the
+    submit lets it through) but building it takes three times as much."""
+    fraction = 2 * GIB / box_memory_bytes()  # two slots of 1 GiB
+    with running_stack(tmp_path) as stack:
+        worker = stack.start_worker(job_memory_fraction=fraction)
+        [offered] = [w for w in stack.http.get("/workers").json() if w["id"] == "e2e"]
+        # (1023 or 1024: the fraction went through text)
+        assert [d["memory_mb"] // 8 for d in offered["devices"]] == [127, 127]
+        features = 1024
+        samples = int(0.6 * GIB / 4 / features)
+        params = {"features": features, "train_samples": samples, "val_samples": 1024}
+        job = stack.submit(recipe="mlp-classifier", devices=1, epochs=1, params=params)
+        done = stack.wait_status(job["id"], {"succeeded", "failed"})
+        assert done["status"] == "failed", done
+        assert done["reason"]["code"] == "out_of_memory", done["reason"]
+        assert done["attempt"] == 1  # not retried: the same spec would run out again
+        assert "can't allocate memory" in done["error"]["message"]
+        # The worker lives on and runs the next job; the API answers.
+        assert worker.poll() is None
+        nxt = stack.submit(recipe="mlp-classifier", devices=1, epochs=1)
+        assert stack.wait_status(nxt["id"], {"succeeded", "failed"})["status"] == "succeeded"
+        wait_for(lambda: stack.http.get("/workers").json()[0]["alive"], 10, "the worker alive")
