@@ -4,6 +4,7 @@ stopped, the wait for its GPUs). How the process is started is ``workers.launch`
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import logging
 import math
@@ -18,14 +19,12 @@ from typing import IO
 from service.store import Claim
 from workers.outcome import StopReason
 from workers.procfs import group_members
+from workers.stdio import MAX_LINE_CHARS
 from workers.zygote import ZygoteProcess
 
 Process = subprocess.Popen[bytes] | ZygoteProcess
 
 log = logging.getLogger(__name__)
-
-# A line longer than this is cut (a progress bar printed without newlines, say).
-MAX_LINE_CHARS = 8192
 
 
 class Attempt:
@@ -111,8 +110,12 @@ class Attempt:
 
     def _pump(self, pipe: IO[bytes] | None, stream: str) -> None:
         assert pipe is not None
-        for raw in iter(pipe.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\n")[:MAX_LINE_CHARS]
+        # A line longer than MAX_LINE_CHARS bytes (a progress bar printed without newlines,
+        # say) comes in pieces, as it is written: never read whole, however long it grows.
+        # The decoder keeps a character that two pieces cut through whole.
+        decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        for raw in iter(lambda: pipe.readline(MAX_LINE_CHARS), b""):
+            text = decode(raw).rstrip("\n")
             with self._lock:
                 self._lines.append((time.time(), stream, text))
         pipe.close()
