@@ -95,7 +95,7 @@ def describe(physical_ids: list[str]) -> dict[str, object] | None:
     return _ask_nvml(f"describe GPUs {physical_ids}", read)
 
 
-def sample(devices: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def sample(devices: list[dict[str, Any]], nvml: Any = None) -> list[dict[str, Any]] | None:
     """The devices with their current utilisation and memory in use; None without NVML."""
 
     def read(nvml: Any) -> list[dict[str, Any]]:
@@ -113,4 +113,4 @@ def sample(devices: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
             )
         return sampled
 
-    return _ask_nvml("sample the GPUs", read)
+    return _ask_nvml("sample the GPUs", read, nvml)

@@ -36,6 +36,17 @@ class Process:
     pid: int
 
 
+@dataclass
+class Memory:
+    used: int
+    total: int
+
+
+@dataclass
+class Utilization:
+    gpu: int
+
+
 class FakeNvml:
     """NVML on four GPUs in PCI order: GPU i has UUIDS[i]; 0 and 1 run a neighbour's job,
     2 and 3 this attempt's ranks."""
@@ -68,6 +79,12 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Process]:
         self.asked.append(handle)
         return [Process(pid) for pid in self.running[handle]]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Memory:
+        return Memory(used=handle * 2**30, total=80 * 2**30)  # GPU i uses i GiB
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Utilization:
+        return Utilization(gpu=10 * handle)
 
 
 class NoNvml:
@@ -113,6 +130,14 @@ def test_a_worker_confined_to_gpus_2_and_3_hands_out_and_watches_gpus_2_and_3(
     # ... and once they are gone, they are, whatever runs on GPUs 0 and 1.
     nvml.running = {**FakeNvml.running, 2: [], 3: []}
     assert box.released(attempt, now=11.0, grace_s=5)
+
+
+def test_the_samples_are_of_the_workers_own_gpus() -> None:
+    nvml = FakeNvml()
+    sampled = gpu.sample(gpu_devices(found(2), "2,3", nvml=nvml), nvml=nvml)
+    assert sampled is not None
+    assert [(d["index"], d["memory_used_bytes"] // 2**30) for d in sampled] == [(0, 2), (1, 3)]
+    assert [d["utilization_percent"] for d in sampled] == [20, 30]
 
 
 def test_a_worker_with_every_gpu_hands_out_each_by_its_own_uuid(attempt: Attempt) -> None:
