@@ -14,12 +14,11 @@ import base64
 import hashlib
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi.responses import JSONResponse
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
@@ -83,7 +82,7 @@ def host_allowed(name: str, allowed: list[str]) -> bool:
     )
 
 
-def cross_site(method: str, headers: Headers) -> str | None:
+def cross_site(method: str, headers: Mapping[str, str]) -> str | None:
     """Why a write comes from another site's page, or None. Browsers send these headers on
     every cross-origin request, and a page cannot forge them; clients that are not
     browsers (the CLI, curl, Prometheus) send neither and pass."""
@@ -121,7 +120,7 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         send = _with_security_headers(send)
-        refusal = self._refusal(scope, Headers(scope=scope))
+        refusal = self._refusal(scope, _headers(scope))
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -130,7 +129,7 @@ class RequestGuard:
             return
         await _limited(self.app, self.settings.max_body_bytes, scope, receive, send)
 
-    def _refusal(self, scope: Scope, headers: Headers) -> JSONResponse | None:
+    def _refusal(self, scope: Scope, headers: Mapping[str, str]) -> JSONResponse | None:
         name = host_name(headers.get("host", ""))
         if not host_allowed(name, self.settings.allowed_hosts):
             return _error(
@@ -183,6 +182,20 @@ async def _limited(app: Any, limit: int, scope: Scope, receive: Receive, send: S
         if error.status_code != 413 or started:
             raise
         await _body_too_large(limit)(scope, receive, send)
+
+
+# The headers the guard reads; ASGI servers hand header names over lowercased.
+_READ = frozenset({b"host", b"origin", b"sec-fetch-site", b"authorization", b"content-length"})
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The headers the guard reads, the first of repeated ones (as Starlette's
+    ``Headers.get``), in one pass over the request's."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name in _READ:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return headers
 
 
 def _with_security_headers(send: Send) -> Send:
