@@ -8,6 +8,8 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from service.cli.printable import printable
+
 UrlOpt = Annotated[str, typer.Option("--url", envvar="TRAINYARD_URL", help="Server to talk to.")]
 TokenOpt = Annotated[
     str | None, typer.Option("--token", envvar="TRAINYARD_API_TOKEN", help="Bearer token.")
@@ -40,6 +42,7 @@ def call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
             detail = "; ".join(
                 f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail
             )
-        typer.echo(f"error {response.status_code}: {detail}", err=True)
+        # the detail may quote the job's own text (a name, a recipe): escaped
+        typer.echo(printable(f"error {response.status_code}: {detail}"), err=True)
         raise typer.Exit(1)
     return response.json() if response.content else None

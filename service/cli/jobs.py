@@ -18,6 +18,7 @@ from service.cli.app import app
 from service.cli.blobs import upload
 from service.cli.http import DEFAULT_URL, TokenOpt, UrlOpt, call, connect
 from service.cli.pack import Packed, PackError, pack
+from service.cli.printable import printable
 from service.settings import Settings
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -183,7 +184,7 @@ def _follow(client: httpx.Client, job_id: int) -> int:
                 task,
                 total=p.get("total_steps") or None,
                 completed=p.get("step", 0),
-                status=job["status"],
+                status=printable(job["status"]),
                 epoch=f"{p['epoch']}/{p['epochs']}" if p else "-",
                 loss=f"{p['loss']:.4g}" if p.get("loss") is not None else "-",
                 eta=f"{p['eta_s']:.0f}s" if p.get("eta_s") is not None else "-",
@@ -192,7 +193,8 @@ def _follow(client: httpx.Client, job_id: int) -> int:
                 break
             time.sleep(FOLLOW_POLL_S)
     reason = (job.get("reason") or {}).get("message", "")
-    console.print(f"job {job_id} {job['status']}: {reason}")
+    # markup off: "[...]" in a reason is the job's text, not rich's styling
+    console.print(printable(f"job {job_id} {job['status']}: {reason}"), markup=False)
     return 0 if job["status"] == "succeeded" else 1
 
 
@@ -205,7 +207,10 @@ def status(
     """Show one job in full, or the newest jobs."""
     with connect(url, token) as client:
         if job_id is not None:
-            typer.echo(json.dumps(call(client, "GET", f"/jobs/{job_id}"), indent=2))
+            # ensure_ascii: JSON escapes every control character (and all non-ASCII)
+            typer.echo(
+                json.dumps(call(client, "GET", f"/jobs/{job_id}"), indent=2, ensure_ascii=True)
+            )
             return
         _print_jobs(call(client, "GET", "/jobs", params={"limit": 20})["items"])
 
@@ -230,8 +235,10 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         reason = (job.get("reason") or {}).get("message", "")
         what = job["recipe"] or " ".join(job["entrypoint"] or [])[:20]
         typer.echo(
-            f"{job['id']:>6}  {job['status']:<10}  {what:<20}  "
-            f"{job['strategy']:<6} x{job['devices']}  {reason}"
+            printable(
+                f"{job['id']:>6}  {job['status']:<10}  {what:<20}  "
+                f"{job['strategy']:<6} x{job['devices']}  {reason}"
+            )
         )
 
 
@@ -248,7 +255,7 @@ def logs(
         while True:
             lines = call(client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after})
             for line in lines:
-                typer.echo(line["text"])
+                typer.echo(printable(line["text"]))
                 after = line["seq"]
             if not follow:
                 return
@@ -257,7 +264,7 @@ def logs(
                 for line in call(
                     client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after}
                 ):
-                    typer.echo(line["text"])
+                    typer.echo(printable(line["text"]))
                 return
             if not lines:
                 time.sleep(FOLLOW_POLL_S)
@@ -268,4 +275,4 @@ def cancel(job_id: int, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> No
     """Cancel a job."""
     with connect(url, token) as client:
         job = call(client, "POST", f"/jobs/{job_id}/cancel")
-        typer.echo(f"job {job_id}: {job['status']}")
+        typer.echo(printable(f"job {job_id}: {job['status']}"))
