@@ -16,13 +16,14 @@ from sqlalchemy import Engine
 
 from service import blob_rows, blob_upkeep
 from service.api.deps import BlobStoreDep, EngineDep, SettingsDep, pooled
+from service.api.responses import BLOB_NOT_FOUND, GUARDED, WRITE, error
 from service.blob_rows import BlobList, BlobRead
 from service.blobs import MAX_BLOB_SETTING
 from service.db import read_session, write_session
 from service.errors import BlobNotFound, BlobTooLarge
 from service.models import DIGEST_PATTERN, MAX_INT64
 
-router = APIRouter(prefix="/blobs", tags=["blobs"])
+router = APIRouter(prefix="/blobs", tags=["blobs"], responses=GUARDED)
 
 
 Digest = Annotated[
@@ -50,11 +51,12 @@ _RAW_BODY: dict[str, Any] = {
     status_code=status.HTTP_201_CREATED,
     summary="Upload a blob",
     openapi_extra=_RAW_BODY,
-    responses={
+    responses=WRITE
+    | {
         200: {"description": "Stored already: the body was not read", "model": BlobRead},
-        400: {"description": "The body's SHA-256 is not the digest; nothing stored"},
-        413: {"description": "Larger than TRAINYARD_MAX_BLOB_BYTES; nothing stored"},
-        507: {"description": "The blob disk is full; nothing stored"},
+        400: error("The body's SHA-256 is not the digest; nothing stored"),
+        413: error("Larger than TRAINYARD_MAX_BLOB_BYTES; nothing stored"),
+        507: error("The blob disk is full; nothing stored"),
     },
 )
 async def put_blob(
@@ -94,6 +96,7 @@ def _read(engine: Engine, digest: str) -> BlobRead:
 @router.head(
     "/{digest}",
     summary="Whether a blob is stored",
+    response_class=Response,  # no body: the answer is the status and X-Blob-Size
     responses={404: {"description": "Not stored: upload it"}},
 )
 @pooled
@@ -107,7 +110,7 @@ def head_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> Respons
     return Response(headers={"X-Blob-Size": str(size)})
 
 
-@router.get("/{digest}", summary="A blob's metadata", responses={404: {"description": "Unknown"}})
+@router.get("/{digest}", summary="A blob's metadata", responses=BLOB_NOT_FOUND)
 @pooled
 def get_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> BlobRead:
     """Size, when it was stored and last used, and the jobs that use it."""
@@ -120,7 +123,7 @@ def get_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> BlobRead
     "/{digest}/content",
     summary="Download a blob",
     response_class=FileResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}, 404: {"description": "Unknown"}},
+    responses=BLOB_NOT_FOUND | {200: {"content": {"application/octet-stream": {}}}},
 )
 async def download_blob(digest: Digest, store: BlobStoreDep) -> FileResponse:
     """The blob's bytes, as uploaded (a worker on another box fetches what it lacks)."""
@@ -147,10 +150,7 @@ def list_blobs(
     "/{digest}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Delete a blob",
-    responses={
-        404: {"description": "Unknown"},
-        409: {"description": "An unfinished job uses it"},
-    },
+    responses=WRITE | BLOB_NOT_FOUND | {409: error("An unfinished job uses it")},
 )
 @pooled
 def delete_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> Response:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import EngineDep, FreshCatalogDep, pooled
+from service.api.responses import GUARDED
 from service.catalog import list_workers
 from service.db import read_session
 from service.models import RecipeRead, WorkerRead
 
-router = APIRouter()
+router = APIRouter(responses=GUARDED)
 
 
 @router.get("/recipes", tags=["recipes"], summary="List recipes and their params schema")

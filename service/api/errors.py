@@ -5,9 +5,14 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import iter_route_contexts
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import InterfaceError, InternalError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from service.artifacts import ArtifactNotFound
 from service.errors import (
@@ -26,6 +31,30 @@ from service.errors import (
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
+
+
+class FieldError(BaseModel):
+    """One field at fault in a request, in FastAPI's validation-error shape (which may add
+    ``input`` and ``ctx``)."""
+
+    loc: list[str | int] = Field(
+        description="Where: body, query, path or header, then the path to the field.",
+        examples=[["body", "params", "hidden"]],
+    )
+    msg: str = Field(description="Why it is refused.", examples=["Input should be > 0"])
+    type: str = Field(description="The kind of error.", examples=["greater_than"])
+
+
+class ErrorDetail(BaseModel):
+    """The body of every error answer: the handlers below, FastAPI's validation errors,
+    the token check and the request guard all write ``{"detail": ...}``."""
+
+    detail: str | list[FieldError] = Field(
+        description="What went wrong: a sentence, or for a refused request one entry per "
+        "field at fault.",
+        examples=["job 7 not found"],
+    )
+
 
 STATUS_OF: dict[type[TrainyardError], int] = {
     JobNotFound: 404,
@@ -68,3 +97,24 @@ def install_error_handlers(app: FastAPI) -> None:
     # PoolTimeout: no pooled connection came free in time.
     for unavailable in (OperationalError, InterfaceError, InternalError, PoolTimeout):
         app.add_exception_handler(unavailable, database_unavailable)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 405:
+            # Starlette answers from the first route whose path matched, which knows only
+            # its own method: Allow must name every method the path has (RFC 9110).
+            allow = ", ".join(sorted(methods_of_path(app, request)))
+            exc.headers = {**(exc.headers or {}), "Allow": allow}
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(HTTPException, http_error)
+
+
+def methods_of_path(app: FastAPI, request: Request) -> set[str]:
+    """Every method some route of the app answers on this request's path."""
+    methods: set[str] = set()
+    for route in iter_route_contexts(app.routes):  # an included router's routes too
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= route.methods or set()
+    return methods

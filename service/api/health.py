@@ -16,7 +16,13 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness, database and schema check")
+@router.get(
+    "/healthz",
+    summary="Liveness, database and schema check",
+    responses={
+        503: {"description": "The database does not answer, or its schema is not this code's"}
+    },
+)
 def healthz(engine: EngineDep) -> JSONResponse:
     """200 when the database answers at this code's schema revision; 503 when it does not
     answer, or its schema is behind (or ahead of) this code's."""

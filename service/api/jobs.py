@@ -21,6 +21,7 @@ from service.api.deps import (
     SettingsDep,
     pooled,
 )
+from service.api.responses import GUARDED, JOB_NOT_FOUND, JSON_BODY, SPEC_REFUSED, WRITE, error
 from service.artifacts import artifact_path, list_artifacts
 from service.catalog import waiting_reason
 from service.db import read_session
@@ -42,7 +43,7 @@ from service.models import (
 )
 from service.packages import PackageLimits
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=GUARDED)
 
 # A job's id in a path: the id column is 32-bit on PostgreSQL, so a wider one names no job.
 JobId = Annotated[int, Path(ge=1, le=MAX_INT32, description="The job's id.")]
@@ -52,7 +53,10 @@ JobId = Annotated[int, Path(ge=1, le=MAX_INT32, description="The job's id.")]
     "",
     status_code=status.HTTP_201_CREATED,
     summary="Submit a training job",
-    responses={409: {"description": "Idempotency-Key reused with another spec"}},
+    responses=WRITE
+    | JSON_BODY
+    | SPEC_REFUSED
+    | {409: error("Idempotency-Key reused with another spec")},
 )
 async def submit_job(
     spec: Annotated[
@@ -113,7 +117,7 @@ def list_jobs(
     )
 
 
-@router.get("/{job_id}", summary="Get a job's status, reason and progress")
+@router.get("/{job_id}", summary="Get a job's status, reason and progress", responses=JOB_NOT_FOUND)
 @pooled
 def get_job(job_id: JobId, engine: EngineDep, catalog: CatalogDep) -> JobRead:
     """One job, with its live progress and, while queued, its place in the queue."""
@@ -126,7 +130,10 @@ def get_job(job_id: JobId, engine: EngineDep, catalog: CatalogDep) -> JobRead:
 
 
 @router.post(
-    "/{job_id}/rerun", status_code=status.HTTP_201_CREATED, summary="Submit an identical job"
+    "/{job_id}/rerun",
+    status_code=status.HTTP_201_CREATED,
+    summary="Submit an identical job",
+    responses=WRITE | JOB_NOT_FOUND | SPEC_REFUSED,
 )
 @pooled
 def rerun_job(
@@ -152,7 +159,7 @@ def rerun_job(
     "/{job_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     summary="Cancel a job",
-    responses={409: {"description": "The job already finished"}},
+    responses=WRITE | JOB_NOT_FOUND | {409: error("The job already finished")},
 )
 @pooled
 def cancel_job(job_id: JobId, engine: EngineDep) -> JobRead:
@@ -160,7 +167,7 @@ def cancel_job(job_id: JobId, engine: EngineDep) -> JobRead:
     return JobRead.from_row(store.cancel_job(engine, job_id))
 
 
-@router.get("/{job_id}/metrics", summary="A job's metric time series")
+@router.get("/{job_id}/metrics", summary="A job's metric time series", responses=JOB_NOT_FOUND)
 @pooled
 def get_metrics(
     job_id: JobId,
@@ -179,7 +186,7 @@ def get_metrics(
         return [MetricRead.model_validate(m, from_attributes=True) for m in rows]
 
 
-@router.get("/{job_id}/logs", summary="A job's log lines")
+@router.get("/{job_id}/logs", summary="A job's log lines", responses=JOB_NOT_FOUND)
 @pooled
 def get_logs(
     job_id: JobId,
@@ -212,7 +219,8 @@ def _job_exists(job_id: JobId, engine: EngineDep) -> None:
     "/{job_id}/events",
     # returned as a response of its own (FastAPI's SSE generators encode per watcher)
     response_class=Response,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "The stream"}},
+    responses=JOB_NOT_FOUND
+    | {200: {"content": {"text/event-stream": {}}, "description": "The stream"}},
     summary="Watch a job live (Server-Sent Events)",
     dependencies=[Depends(_job_exists)],
 )
@@ -247,7 +255,7 @@ async def job_events(
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@router.get("/{job_id}/artifacts", summary="List a job's artifacts")
+@router.get("/{job_id}/artifacts", summary="List a job's artifacts", responses=JOB_NOT_FOUND)
 @pooled
 def get_artifacts(
     job_id: JobId, engine: EngineDep, settings: SettingsDep
@@ -261,6 +269,7 @@ def get_artifacts(
     "/{job_id}/artifacts/{name:path}",
     summary="Download an artifact",
     response_class=FileResponse,
+    responses={404: error("No such job, or it has no artifact of this name")},
 )
 def download_artifact(
     job_id: JobId, name: NulFreeStr, engine: EngineDep, settings: SettingsDep

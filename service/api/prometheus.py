@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, select
 from sqlmodel import Session
 
+from service.api.responses import GUARDED
 from service.models import JobStatus, Worker, utcnow
 from service.store import stats
 
@@ -149,7 +151,13 @@ class RequestMetrics:
         return self.templates.get(id(route)) or str(getattr(route, "path", "unmatched"))
 
 
-@router.get("/metrics", summary="Prometheus metrics")
+# Prometheus's text format; the token as on /api/v1 unless TRAINYARD_METRICS_OPEN.
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=PlainTextResponse,
+    responses=GUARDED,
+)
 def metrics(request: Request) -> Response:
     """Jobs by status, queue depth, job durations, worker heartbeats, API requests."""
     registry = request.app.state.instruments.registry
