@@ -356,3 +356,27 @@ def test_the_page_loads_nothing_from_outside_the_app(tmp_path: Path) -> None:
             todo |= _local_urls(url, r.text) - seen
     assert {u.rsplit("/", 1)[-1] for u in seen} >= {"main.js", "sse.js", "uPlot.iife.min.js"}
     assert client.get("/static/dashboard/vendor/uplot-1.6.32/LICENSE").status_code == 200
+
+
+def csp_violations(driver: WebDriver) -> list[str]:
+    """Console entries a Content-Security-Policy refusal wrote (the log is read once)."""
+    return [str(e) for e in driver.get_log("browser") if "Content Security Policy" in str(e)]
+
+
+def test_pages_run_under_their_content_security_policy(stack: Stack, browser: WebDriver) -> None:
+    """Issue 16 item 14: every answer carries a CSP; Swagger UI's inline start-up script is
+    allowed by its hash, the dashboard needs nothing inline. Both still work, and the
+    browser refused nothing on the way."""
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(stack.url + "/docs")
+    wait.until(
+        ec.text_to_be_present_in_element((By.CSS_SELECTOR, ".swagger-ui .info"), "Trainyard")
+    )
+    assert browser.find_elements(By.CSS_SELECTOR, ".opblock")  # the operations are listed
+    assert csp_violations(browser) == []
+    browser.get(stack.url + "/jobs/7")  # a job's page typed as a path
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '[data-nav="jobs"]')))
+    assert browser.current_url == stack.url + "/#/jobs/7"
+    browser.get(stack.url + "/")
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#jobs[data-loaded="all"]')))
+    assert csp_violations(browser) == []
