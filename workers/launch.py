@@ -1,6 +1,6 @@
 """How runners start: forked from the warm zygote, or as fresh interpreters when there is
 none (turned off, or it cannot get warm here). Owns the zygote, its restarts and the
-count of its deaths, and the environment every runner gets."""
+count of its deaths, the environment every runner gets, and the hand-off on its stdin."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import IO
 
 from service.settings import Settings
 from service.store import Claim
-from workers.attempt import Attempt
+from workers.attempt import Attempt, Process
+from workers.env_allowlist import inherited
+from workers.handoff import Handoff
 from workers.jobfiles import JobFiles
 from workers.zygote import Zygote, ZygoteProcess
 
@@ -42,7 +44,7 @@ class Launcher:
 
     def open(self) -> None:
         """Take the runners' environment from this process's, and start the zygote."""
-        self._env = runner_env(self.settings)
+        self._env = runner_env()
         self.warm()
 
     def ready(self) -> bool:
@@ -103,7 +105,6 @@ class Launcher:
         args = [
             "--job-id", str(claim.fence.job_id),
             "--attempt", str(claim.fence.attempt),
-            "--lease-token", claim.fence.lease_token,
             "--accelerator", accelerator,
             "--threads", str(threads),
         ]  # fmt: skip
@@ -115,30 +116,41 @@ class Launcher:
         }
         if accelerator == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus or [])
+        # The lease token and the settings (the database URL among them) go on stdin:
+        # argv is anyone's to read (ps), the environment the job's code's.
+        stdin = Handoff.of(claim.fence.lease_token, self.settings).pipe()
+        try:
+            process, stdout, stderr = self._spawn(args, env, stdin)
+        finally:
+            os.close(stdin)
+        return Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+
+    def _spawn(
+        self, args: list[str], env: dict[str, str], stdin: int
+    ) -> tuple[Process, IO[bytes], IO[bytes]]:
+        """The runner in a session of its own: forked from the zygote, or a fresh
+        interpreter; with the pipes its output comes through."""
         zygote = None if self._cold_start else self.zygote
         if zygote is None:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "workers.runner", *args],
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env,
                 start_new_session=True,  # the runner leads its own process group
             )
             assert popen.stdout is not None and popen.stderr is not None
-            return Attempt(
-                claim, devices, popen, popen.stdout, popen.stderr, on_exit, claimed_at=claimed_at
-            )
+            return popen, popen.stdout, popen.stderr
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            pid = zygote.spawn("workers.runner", args, env, out_w, err_w)
+            pid = zygote.spawn("workers.runner", args, env, stdin, out_w, err_w)
         finally:
             os.close(out_w)
             os.close(err_w)
-        process = ZygoteProcess(zygote, pid)
         stdout, stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 (the pumps close them)
-        return Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+        return ZygoteProcess(zygote, pid), stdout, stderr
 
     def close(self) -> None:
         """Stop the zygote (runners, each in its own session, are not affected)."""
@@ -146,15 +158,13 @@ class Launcher:
             self.zygote.close()
 
 
-def runner_env(settings: Settings) -> dict[str, str]:
-    """The runner reads the same settings as this worker (absolute paths: cwd may differ)."""
-    env = dict(os.environ)
-    env["TRAINYARD_DATABASE_URL"] = settings.database_url
-    env["TRAINYARD_DATA_DIR"] = str(Path(settings.data_dir).resolve())
-    env["TRAINYARD_LEASE_S"] = str(settings.lease_s)  # the runner gives up after as long
+def runner_env() -> dict[str, str]:
+    """A job's allow-list of this worker's environment (no TRAINYARD_ setting, so neither
+    the database URL nor the API token: the runner reads its settings from its stdin)."""
+    env = inherited()
+    if "PYTHONPATH" in os.environ:  # the runner imports the worker's own code, as it does
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     # torch counts GPUs through NVML then, without initialising CUDA: a runner must
     # not initialise it before forking its ranks.
     env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    if settings.recipes_dir is not None:
-        env["TRAINYARD_RECIPES_DIR"] = str(Path(settings.recipes_dir).resolve())
     return env

@@ -28,6 +28,7 @@ from service.store import Fence, load_job
 from workers import environment, script, strategies
 from workers.blob_cache import BlobCache
 from workers.errors import NotRetryable, describe
+from workers.handoff import read_stdin
 from workers.jobfiles import JobFiles
 from workers.memory_limit import apply as limit_memory
 from workers.outcome import RunnerReport
@@ -45,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.runner")
     parser.add_argument("--job-id", type=int, required=True)
     parser.add_argument("--attempt", type=int, required=True)
-    parser.add_argument("--lease-token", required=True)
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--memory-limit", type=int, help="bytes of data per process")
@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_limit is not None:  # first: every process of the attempt inherits it
         limit_memory(args.memory_limit)
 
-    settings = Settings()
-    fence = Fence(args.job_id, args.attempt, args.lease_token)
+    # The lease token and the worker's settings come on stdin (workers.handoff): neither
+    # on the command line nor in the environment the job's code reads.
+    handoff = read_stdin()
+    settings = handoff.runner_settings()
+    fence = Fence(args.job_id, args.attempt, handoff.lease_token)
     files = JobFiles.of(settings.data_dir, args.job_id)
     prefix_stdio("[runner] ", args.job_id)
     stop_on_sigterm()  # checkpoint and stop (ddp: the ranks do; this process waits for them)

@@ -19,7 +19,6 @@ within the grace period after it goes back to the queue without spending an atte
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -31,19 +30,17 @@ from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence
 from workers.blob_cache import BlobCache
+from workers.env_allowlist import inherited
 from workers.jobfiles import JobFiles
+from workers.loopback import LOOPBACK, one_box_env
 from workers.metrics_file import MetricsFile
 from workers.outcome import RunnerReport
 from workers.reporter import DbReports
-from workers.script_launch import LOOPBACK, Script, free_port, run_process, run_ranks
+from workers.script_launch import Script, free_port, run_process, run_ranks
 from workers.venvs import python_for, requirement_lines
 
 log = logging.getLogger(__name__)
 
-# Variables a script inherits from the worker's environment; nothing else (the database
-# URL and the API token above all) reaches it.
-INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM")
-INHERITED_PREFIXES = ("LC_", "NCCL_", "GLOO_", "CUDA_", "NVIDIA_", "PIP_", "HF_", "TORCH_")
 METRICS_POLL_S = 0.5
 JOB_PATH = Path(__file__).with_name("job_path")  # trainyard_job, on the script's PYTHONPATH
 PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
@@ -88,11 +85,10 @@ def prepare(
 def job_env(
     job: Job, attempt: int, files: JobFiles, *, accelerator: str, threads: int, python: str
 ) -> dict[str, str]:
-    """The script's environment: the allow-list, then the job's own variables."""
+    """The script's environment: the allow-list (``workers.env_allowlist``), then the job's own
+    variables."""
     assert job.id is not None
-    env = {
-        k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)
-    }
+    env = inherited()
     bin_dir = str(Path(python).parent)
     env.update(
         PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
@@ -101,6 +97,7 @@ def job_env(
         OMP_NUM_THREADS=str(threads),
         MASTER_ADDR=LOOPBACK,
         MASTER_PORT=str(free_port()),
+        **one_box_env(),  # the script's gloo and NCCL listen on loopback too
         TRAINYARD_JOB_ID=str(job.id),
         TRAINYARD_ATTEMPT=str(attempt),
         TRAINYARD_DEVICES=str(job.devices),

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from workers.loopback import LOOPBACK, RENDEZVOUS_BACKEND, loopback_store, register_rendezvous
 from workers.outcome import how_it_ended
 
-LOOPBACK = "127.0.0.1"
 STDERR_TAIL_LINES = 30
+RENDEZVOUS_TIMEOUT_S = 60.0  # a rendezvous store operation (c10d's default read timeout)
 DIE_WITH_PARENT = Path(__file__).with_name("die_with_parent.py")
 
 
@@ -85,13 +86,17 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     assert script.ranks is not None and script.logs is not None
+    # c10d's rendezvous, on a store served on loopback only (torch's binds every interface)
+    store = loopback_store(None, RENDEZVOUS_TIMEOUT_S)
+    register_rendezvous()
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=script.ranks,
         run_id=script.run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"{LOOPBACK}:{free_port()}",
+        rdzv_backend=RENDEZVOUS_BACKEND,
+        rdzv_endpoint=f"{LOOPBACK}:{store.port}",
+        rdzv_configs={"store": store},
         local_addr=LOOPBACK,
         max_restarts=0,
         logs_specs=DefaultLogsSpecs(log_dir=str(script.logs), tee=Std.ALL),

@@ -27,6 +27,7 @@ from torch import nn
 from service.models import Accelerator, Strategy
 from workers.errors import describe
 from workers.jobfiles import write_atomic
+from workers.loopback import LOOPBACK, loopback_store, one_box_env
 from workers.outcome import RunnerReport, how_it_ended
 from workers.recipes import Recipe, load_package_recipes, load_recipes
 from workers.stdio import prefix_stdio
@@ -100,16 +101,10 @@ def _opened(reports: Reports | None) -> AbstractContextManager[Sink | None]:
 def _run_ddp(
     spec: RunSpec, recipe: Recipe, params: BaseModel, reports: Reports | None
 ) -> dict[str, float]:
-    # The runner hosts the rendezvous store on a port the OS picks (port 0): no fixed
-    # port, and no window between "find a free port" and "bind it" for a race.
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        spec.world_size + 1,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=INIT_TIMEOUT_S),
-    )
+    # The runner hosts the rendezvous store on loopback only (every rank is on this box),
+    # on a port the OS picks: no fixed port, and no window between "find a free port"
+    # and "bind it" for a race.
+    store = loopback_store(spec.world_size + 1, INIT_TIMEOUT_S)
     # A runner forked from the warm zygote forks its ranks too (torch already imported,
     # CUDA untouched); a runner started as a fresh interpreter spawns them.
     start_method = os.environ.get(RANK_START_ENV, "spawn")
@@ -168,8 +163,9 @@ def _rank_main(
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    os.environ.update(one_box_env())  # gloo's and NCCL's sockets on loopback, read at init
     store = dist.TCPStore(
-        "127.0.0.1",
+        LOOPBACK,
         port,
         spec.world_size + 1,
         is_master=False,

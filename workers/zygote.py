@@ -7,7 +7,8 @@ safe) and forks a runner per request. Each child leads its own session, so its p
 group holds the runner, its ranks and their loader workers, as before.
 
 Protocol over a SOCK_SEQPACKET socketpair, one JSON message per packet:
-  supervisor -> zygote: {"op": "spawn", "module", "args", "env", "cwd"} + fds [stdout, stderr]
+  supervisor -> zygote: {"op": "spawn", "module", "args", "env", "cwd"}
+                        + fds [stdin, stdout, stderr]
   zygote -> supervisor: {"op": "ready"} (once, when warm) | {"op": "spawned", "pid"}
                         | {"op": "exited", "pid", "code"}
 ``code`` follows subprocess: negative for a signal.
@@ -79,13 +80,21 @@ class Zygote:
         self._reader.start()
 
     def spawn(
-        self, module: str, args: list[str], env: dict[str, str], stdout: int, stderr: int
+        self,
+        module: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: int,
+        stdout: int,
+        stderr: int,
     ) -> int:
-        """Fork ``module.main(args)`` in a new session; returns its pid."""
+        """Fork ``module.main(args)`` in a new session, on these three fds; returns its pid."""
         request = {"op": "spawn", "module": module, "args": args, "env": env, "cwd": os.getcwd()}
         with self._lock, self._replied:
             try:
-                socket.send_fds(self._sock, [json.dumps(request).encode()], [stdout, stderr])
+                socket.send_fds(
+                    self._sock, [json.dumps(request).encode()], [stdin, stdout, stderr]
+                )
             except OSError as exc:
                 raise ZygoteError(f"zygote is gone: {exc}") from exc
             if not self._replied.wait_for(lambda: self._spawned or not self.alive(), timeout=30):
@@ -202,7 +211,7 @@ def serve(sock: socket.socket) -> None:
         if sock.fileno() not in ready:
             continue
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 2)
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 3)
         except OSError:
             return
         if not data:
@@ -240,11 +249,9 @@ def _child(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None
     try:
         os.setsid()  # its own session and process group: the unit the supervisor kills
         sock.close()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        for fd in (devnull, *fds):
+        for target, fd in enumerate(fds):  # stdin, stdout, stderr
+            os.dup2(fd, target)
+        for fd in fds:
             os.close(fd)
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[union-attr]

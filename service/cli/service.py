@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from service.cli.app import app
+from service.owner_only import keep_private
 from service.settings import Settings
 
 
@@ -23,6 +24,7 @@ def migrate() -> None:
     from service.migrate import shown_url, upgrade
 
     settings = Settings()
+    keep_private(settings)  # before the database file is made
     upgrade(settings.database_url)
     typer.echo(f"database at {shown_url(settings.database_url)} is up to date")
 
@@ -66,6 +68,7 @@ def serve() -> None:
     from service.app import serving_app
 
     settings = Settings()
+    keep_private(settings)
     settings.require_safe_bind()
     _require_current_schema(settings)
     if settings.api_workers == 1:
@@ -102,6 +105,7 @@ def worker(
     from workers.supervisor import Supervisor
 
     settings = Settings()
+    keep_private(settings)  # inherited by the zygote, runners, ranks and scripts
     _require_current_schema(settings)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -21,6 +21,7 @@ from service.settings import Settings
 from tests.stack import RECIPES_DIR, REPO
 from workers import environment
 from workers.errors import NotRetryable, describe
+from workers.handoff import Handoff
 from workers.jobfiles import JobFiles
 from workers.outcome import RunnerReport
 from workers.recipes import load_recipes
@@ -94,18 +95,14 @@ def _run_attempt(tmp_path: Path, recipe: str, params: dict[str, object]) -> tupl
             engine, worker_id="w", free_devices=1, accelerator="cpu", recipes=[recipe], lease_s=60
         )
         assert claim is not None and job.id is not None
-        env = {
-            **os.environ,
-            "TRAINYARD_DATABASE_URL": url,
-            "TRAINYARD_DATA_DIR": str(tmp_path / "data"),
-            "TRAINYARD_RECIPES_DIR": str(RECIPES_DIR),
-            "PYTHONPATH": str(REPO),
-        }
-        fence = claim.fence
-        args = ["--job-id", str(job.id), "--attempt", "1", "--lease-token", fence.lease_token]
+        settings = Settings(database_url=url, data_dir=tmp_path / "data", recipes_dir=RECIPES_DIR)
+        # The lease token and settings come on stdin, as the launcher passes them.
+        handoff = Handoff.of(claim.fence.lease_token, settings).model_dump_json()
+        args = ["--job-id", str(job.id), "--attempt", "1", "--accelerator", "cpu"]
         done = subprocess.run(
-            [sys.executable, "-m", "workers.runner", *args, "--accelerator", "cpu"],
-            env=env,
+            [sys.executable, "-m", "workers.runner", *args],
+            input=handoff,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,
             text=True,
             timeout=120,

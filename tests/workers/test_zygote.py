@@ -26,12 +26,13 @@ def test_children_start_warm_and_their_exit_codes_come_back(tmp_path: Path) -> N
         # It says when it is warm (the supervisor claims no job before that).
         assert not zygote.ready()
         assert notes.acquire(timeout=120) and zygote.ready()
-        with open(tmp_path / "out.log", "wb") as out:
+        with open(os.devnull, "rb") as nothing, open(tmp_path / "out.log", "wb") as out:
             pids = [
                 zygote.spawn(
                     "tests.workers.warm_child",
                     [str(tmp_path / f"found-{code}.json"), str(code)],
                     env=env,
+                    stdin=nothing.fileno(),
                     stdout=out.fileno(),
                     stderr=out.fileno(),
                 )

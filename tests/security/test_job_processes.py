@@ -1,0 +1,185 @@
+"""A running job as other local users and the network see it (issue 16, items 5, 6, 8).
+
+Threats: anyone who can reach a port on the box's network interfaces; other local users
+(who see every process's command line in ``ps`` and read whatever files their modes
+allow); and the job's own code, which is trusted to train but not to hold the worker's
+secrets (the API token, the database URL with its password).
+
+- Item 5: while a 2-rank CPU DDP job runs, every socket its processes listen on is bound
+  to loopback: the rendezvous store (torch binds it to every interface by default) and
+  gloo's sockets (pinned to the loopback interface), for a recipe and for a script.
+- Item 6: the job's code finds neither the API token nor the database URL in its
+  environment (``os.environ``, or ``/proc/<pid>/environ`` of any of the job's processes).
+- Item 8: no process of the job has the lease token on its command line; the job's files
+  and folders, the data dir and the SQLite file have no group or other permission bits.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_script_jobs import script_pids
+from tests.scripts import put_package
+from tests.stack import REPO, Stack, running_stack, stack_env, wait_for
+from workers.loopback import loopback_interface
+from workers.procfs import group_members
+
+pytestmark = pytest.mark.slow
+
+PROBE_RECIPES = Path(__file__).with_name("recipes")
+PROBE_SCRIPT = Path(__file__).with_name("probe_script")
+API_TOKEN = "worker-token-that-jobs-must-not-see-4f9c1d"
+TCP_LISTEN = "0A"  # the state column of /proc/net/tcp
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    """A stack on a SQLite file made by ``trainyard migrate``, as an operator makes it."""
+    url = f"sqlite:///{tmp_path / 'db' / 'trainyard.db'}"
+    env = stack_env(tmp_path, url, port=1)
+    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, cwd=REPO, check=True)
+    with running_stack(tmp_path, url) as s:
+        yield s
+
+
+@pytest.mark.parametrize("warm_start", [True, False], ids=["forked", "fresh-interpreter"])
+def test_a_recipe_ddp_job_listens_on_loopback_and_keeps_its_secrets(
+    stack: Stack, tmp_path: Path, warm_start: bool
+) -> None:
+    # The worker holds the token (workers on other boxes fetch blobs with it).
+    stack.start_worker(
+        env={"TRAINYARD_API_TOKEN": API_TOKEN}, recipes_dir=PROBE_RECIPES, warm_start=warm_start
+    )
+    reports, release = tmp_path / "seen", tmp_path / "release"
+    reports.mkdir()
+    job = stack.submit(
+        recipe="probe",
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+        epochs=1,
+        params={"report_dir": str(reports), "release_file": str(release)},
+    )
+    seen = wait_for(lambda: _reports(reports, 2), 120, "both ranks to join the group")
+    [(token,)] = stack.query("SELECT lease_token FROM job WHERE id = :id", id=job["id"])
+    pids = group_members(stack.runner_pgid(job["id"]))
+    assert len(pids) >= 3, pids  # the runner and its two ranks
+
+    _assert_loopback_only(pids)
+    for pid in pids:
+        assert token.encode() not in _proc(pid, "cmdline"), pid
+        _assert_no_secret(stack, _proc(pid, "environ").decode(errors="replace"))
+    for rank in seen:  # as the recipe's own code reads them
+        _assert_no_secret(stack, json.dumps(rank["environ"]) + rank["proc_environ"])
+        assert rank["environ"]["GLOO_SOCKET_IFNAME"] == loopback_interface()
+
+    release.touch()
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded", done
+    job_dir = tmp_path / "data" / "jobs" / str(job["id"])
+    assert (job_dir / "model.safetensors").is_file() and (job_dir / "checkpoints").is_dir()
+    _assert_private(job_dir)
+    _assert_private(tmp_path / "data", recursive=False)
+    _assert_private(tmp_path / "db")
+
+
+def test_a_script_ddp_job_listens_on_loopback_only(stack: Stack, tmp_path: Path) -> None:
+    stack.start_worker(env={"TRAINYARD_API_TOKEN": API_TOKEN})
+    release = tmp_path / "release"
+    job = stack.submit(
+        code=put_package(stack.http, PROBE_SCRIPT, tmp_path),
+        entrypoint=["python", "probe.py", str(release)],
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+    )
+    output = tmp_path / "data" / "jobs" / str(job["id"]) / "output"
+    seen = wait_for(lambda: _reports(output, 2, "rank-*.json"), 120, "both ranks to join")
+    ranks = script_pids(stack, job["id"], 1)
+    pids = [*group_members(stack.runner_pgid(job["id"])), *ranks]
+    assert len(ranks) == 2, ranks
+
+    _assert_loopback_only(pids)
+    for rank in seen:
+        _assert_no_secret(stack, json.dumps(rank["environ"]))
+        assert rank["environ"]["GLOO_SOCKET_IFNAME"] == loopback_interface()
+
+    release.touch()
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded", done
+    _assert_private(tmp_path / "data" / "jobs" / str(job["id"]))
+
+
+def _reports(folder: Path, count: int, pattern: str = "pid-*.json") -> list[dict[str, Any]]:
+    """What the job's processes left in ``folder``, once ``count`` of them have."""
+    found = sorted(folder.glob(pattern))
+    return [json.loads(p.read_text()) for p in found] if len(found) >= count else []
+
+
+def _proc(pid: int, name: str) -> bytes:
+    return (Path("/proc") / str(pid) / name).read_bytes()
+
+
+def _assert_no_secret(stack: Stack, text: str) -> None:
+    assert API_TOKEN not in text
+    assert stack.database_url not in text and "TRAINYARD_DATABASE_URL" not in text
+
+
+def _assert_loopback_only(pids: list[int]) -> None:
+    """Every socket these processes listen on is bound to 127.0.0.1 or ::1 (and the job
+    listens on some: its rendezvous store)."""
+    found = [(pid, address) for pid in pids for address in listening(pid)]
+    assert found, "no process of the job listens: the check would prove nothing"
+    exposed = [(pid, str(address)) for pid, address in found if not address.is_loopback]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+def listening(pid: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The local addresses of the TCP sockets ``pid`` listens on (from /proc)."""
+    inodes = set()
+    for fd in (Path("/proc") / str(pid) / "fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for table in ("tcp", "tcp6"):
+        lines = (Path("/proc") / str(pid) / "net" / table).read_text().splitlines()[1:]
+        for line in lines:
+            fields = line.split()
+            if fields[3] == TCP_LISTEN and fields[9] in inodes:
+                addresses.append(_address(fields[1].split(":")[0]))
+    return addresses
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """/proc/net/tcp's address: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    address = ipaddress.ip_address(words)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _assert_private(path: Path, *, recursive: bool = True) -> None:
+    """``path`` and (``recursive``) everything under it: no bit for group or others."""
+    paths = [path, *(path.rglob("*") if recursive else [])]
+    shared = [
+        f"{p.relative_to(path.parent)} {stat.filemode(mode)}"
+        for p in paths
+        if not stat.S_ISLNK(mode := p.lstat().st_mode) and mode & 0o077
+    ]
+    assert not shared, f"readable by others: {shared}"
