@@ -96,12 +96,15 @@ def test_a_job_past_its_memory_fails_alone_and_for_good(tmp_path: Path) -> None:
         features = 1024
         samples = int(0.6 * GIB / 4 / features)
         params = {"features": features, "train_samples": samples, "val_samples": 1024}
-        job = stack.submit(recipe="mlp-classifier", devices=1, epochs=1, params=params)
-        done = stack.wait_status(job["id"], {"succeeded", "failed"})
-        assert done["status"] == "failed", done
-        assert done["reason"]["code"] == "out_of_memory", done["reason"]
-        assert done["attempt"] == 1  # not retried: the same spec would run out again
-        assert "can't allocate memory" in done["error"]["message"]
+        single = stack.submit(recipe="mlp-classifier", devices=1, epochs=1, params=params)
+        # ddp: each of its two ranks builds the data set in its own slot's part
+        ddp = stack.submit(recipe="mlp-classifier", devices=2, epochs=1, params=params)
+        for job in (single, ddp):
+            done = stack.wait_status(job["id"], {"succeeded", "failed"})
+            assert done["status"] == "failed", done
+            assert done["reason"]["code"] == "out_of_memory", done["reason"]
+            assert done["attempt"] == 1  # not retried: the same spec would run out again
+            assert "can't allocate memory" in done["error"]["message"]
         # The worker lives on and runs the next job; the API answers.
         assert worker.poll() is None
         nxt = stack.submit(recipe="mlp-classifier", devices=1, epochs=1)
