@@ -1,5 +1,7 @@
 """Owner-only files: the database, logs, checkpoints and artifacts are for the user the
-service runs as, not for every local user (issue 16, item 8).
+service runs as, not for every local user (issue 16, item 8). And owner-only processes:
+the API's and the worker's environment (the database URL, the API token) are not for the
+jobs, whose code runs as that same user (item 6).
 
 Set once, at the start of each command that writes them (``migrate``, ``serve``,
 ``worker``): the umask is inherited by every process started after it (the zygote,
@@ -10,8 +12,10 @@ closed by its own mode: no one else can reach what is under it.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import sys
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -24,6 +28,7 @@ PRIVATE_UMASK = 0o077  # new files 0600, new folders 0700
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")  # the database and SQLite's own beside it
+PR_SET_DUMPABLE = 4  # prctl(2), from <linux/prctl.h>
 
 
 def keep_private(settings: Settings) -> None:
@@ -48,3 +53,19 @@ def _chmod_own(path: Path, mode: int) -> None:
         log.warning("%s belongs to another user; leaving its mode as it is", path)
         return
     path.chmod(mode)
+
+
+def hide_process() -> None:
+    """Make this process's environment and memory unreadable by its user's other processes.
+
+    A job's code runs as the worker's user, and a process may read the environment
+    (``/proc/<pid>/environ``) and memory of any other of its user's: the worker's and the
+    API's hold the database URL and the API token. A process that is not "dumpable" is
+    the exception (as ssh-agent does it): only root may read or trace it. Not inherited
+    across exec, so the zygote, runners and scripts stay as they were (and hold no
+    secret in their environment: ``workers.env_allowlist``)."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.warning("cannot hide this process from its user's jobs: errno %d", ctypes.get_errno())

@@ -21,9 +21,12 @@ def test_worker_reserves_gpus_and_shares_the_data_volume_with_the_api() -> None:
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
     for name in ("api", "worker"):
         assert "trainyard-data:/data" in services[name]["volumes"]
-        assert services[name]["environment"]["TRAINYARD_API_TOKEN"].startswith(
-            "${TRAINYARD_API_TOKEN:?"
-        )
+    assert services["api"]["environment"]["TRAINYARD_API_TOKEN"].startswith(
+        "${TRAINYARD_API_TOKEN:?"
+    )
+    # The worker reads blobs from the shared volume: it needs no token, so none is there
+    # for a job to find (issue 16, item 6).
+    assert "TRAINYARD_API_TOKEN" not in services["worker"]["environment"]
     assert services["worker"]["depends_on"]["api"]["condition"] == "service_healthy"
     assert services["worker"]["healthcheck"]["test"][-1] == "workers.healthcheck"
 

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from service.cli.app import app
-from service.owner_only import keep_private
+from service.owner_only import hide_process, keep_private
 from service.settings import Settings
 
 
@@ -69,6 +69,7 @@ def serve() -> None:
 
     settings = Settings()
     keep_private(settings)
+    hide_process()  # its environment holds the token and the database URL
     settings.require_safe_bind()
     _require_current_schema(settings)
     if settings.api_workers == 1:
@@ -106,6 +107,7 @@ def worker(
 
     settings = Settings()
     keep_private(settings)  # inherited by the zygote, runners, ranks and scripts
+    hide_process()  # from its jobs: their code runs as this user
     _require_current_schema(settings)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

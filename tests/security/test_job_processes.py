@@ -9,13 +9,16 @@ secrets (the API token, the database URL with its password).
   to loopback: the rendezvous store (torch binds it to every interface by default) and
   gloo's sockets (pinned to the loopback interface), for a recipe and for a script.
 - Item 6: the job's code finds neither the API token nor the database URL in its
-  environment (``os.environ``, or ``/proc/<pid>/environ`` of any of the job's processes).
+  environment (``os.environ``, or ``/proc/<pid>/environ`` of any of the job's processes),
+  nor in the worker's: a process the worker and the API hide is unreadable by the other
+  processes of their user.
 - Item 8: no process of the job has the lease token on its command line; the job's files
   and folders, the data dir and the SQLite file have no group or other permission bits.
 """
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import json
 import os
@@ -28,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from service.owner_only import PR_SET_DUMPABLE, hide_process
 from tests.e2e.test_script_jobs import script_pids
 from tests.scripts import put_package
 from tests.stack import REPO, Stack, running_stack, stack_env, wait_for
@@ -118,6 +122,59 @@ def test_a_script_ddp_job_listens_on_loopback_only(stack: Stack, tmp_path: Path)
     done = stack.wait_status(job["id"], {"succeeded", "failed"})
     assert done["status"] == "succeeded", done
     _assert_private(tmp_path / "data" / "jobs" / str(job["id"]))
+
+
+NOBODY = 65534
+
+
+@pytest.mark.parametrize("hidden", [True, False], ids=["hidden", "as-before"])
+def test_a_hidden_process_environment_is_unreadable_by_its_users_other_processes(
+    hidden: bool,
+) -> None:
+    """What the worker and the API do at start (``hide_process``), seen from a job's
+    code, which runs as their user. Both sides are forks of this process; as root they
+    become nobody first (root may read any process)."""
+    ready_r, ready_w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # the worker
+        try:
+            _as_a_user()
+            if hidden:
+                hide_process()
+            os.write(ready_w, b"r")
+            os.read(stop_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        os.read(ready_r, 1)
+        reader = os.fork()
+        if reader == 0:  # a job's code
+            code = 1
+            try:
+                _as_a_user()
+                (Path("/proc") / str(holder) / "environ").read_bytes()
+                code = 0
+            except PermissionError:
+                code = 13
+            finally:
+                os._exit(code)
+        read = os.waitstatus_to_exitcode(os.waitpid(reader, 0)[1])
+    finally:
+        os.write(stop_w, b"s")
+        os.waitpid(holder, 0)
+        for fd in (ready_r, ready_w, stop_r, stop_w):
+            os.close(fd)
+    assert read == (13 if hidden else 0)
+
+
+def _as_a_user() -> None:
+    """Root becomes nobody, a process as that user would start (setuid made it not
+    dumpable: the kernel's guard for a process that changed its credentials)."""
+    if os.geteuid() == 0:
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
 def _reports(folder: Path, count: int, pattern: str = "pid-*.json") -> list[dict[str, Any]]:
