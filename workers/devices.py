@@ -25,8 +25,9 @@ GPU_SAMPLE_EVERY_S = 5.0
 
 @dataclass
 class Box:
-    """This box's devices as the supervisor hands them out: which are free, their NVML
-    samples, and when a finished attempt's GPUs may go to the next job."""
+    """This box's devices as the supervisor hands them out: which are free, their physical
+    ids and NVML samples, when a finished attempt's GPUs may go to the next job, and a
+    job's memory budget on CPU slots."""
 
     accelerator: Accelerator
     devices: list[dict[str, Any]]
@@ -35,7 +36,7 @@ class Box:
     _sampled_at: float = field(default=float("-inf"), repr=False)
 
     @classmethod
-    def detect(cls, cpu_slots: int | None = None, memory_fraction: float = 1.0) -> Box:
+    def detect(cls, cpu_slots: int | None, memory_fraction: float) -> Box:
         return cls(*detect(cpu_slots, memory_fraction))
 
     def free(self, busy: Iterable[int]) -> list[int]:
@@ -78,7 +79,7 @@ class Box:
 
 
 def detect(
-    cpu_slots: int | None = None, memory_fraction: float = 1.0
+    cpu_slots: int | None, memory_fraction: float
 ) -> tuple[Accelerator, list[dict[str, Any]]]:
     """(accelerator, devices): every visible GPU, else ``cpu_slots`` (default: core count),
     each with its part of ``memory_fraction`` of the box's memory (a job's budget)."""

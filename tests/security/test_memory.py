@@ -18,10 +18,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from service.catalog import register_worker
-from service.models import JobStatus, Worker
+from service.models import Accelerator, JobStatus, Worker
 from service.reasons import ReasonCode
 from tests.stack import RECIPES_DIR, running_stack, wait_for
-from workers.memory_limit import box_memory_bytes
+from workers.devices import Box
+from workers.memory_limit import MIN_PROCESS_BYTES, box_memory_bytes
 from workers.outcome import RunnerReport, decide
 from workers.recipes import load_recipes
 
@@ -74,6 +75,18 @@ def test_submit_does_not_guess_for_workers_that_do_not_say(
 ) -> None:
     add_worker(engine, slots=2, slot_mb=None)
     assert client.post("/api/v1/jobs", json=huge()).status_code == 201
+
+
+def test_a_jobs_part_is_its_slots_part_shared_by_its_processes() -> None:
+    slots = [{"index": i, "kind": "cpu", "memory_mb": 4096} for i in range(4)]
+    cpu = Box(Accelerator.cpu, slots)
+    assert cpu.memory_limit([0], processes=1) == 4 * GIB
+    assert cpu.memory_limit([1, 2, 3], processes=1) == 12 * GIB  # single or dp
+    assert cpu.memory_limit([1, 2, 3], processes=3) == 4 * GIB  # ddp: each rank its part
+    tiny = Box(Accelerator.cpu, [{"index": 0, "kind": "cpu", "memory_mb": 100}])
+    assert tiny.memory_limit([0], processes=1) == MIN_PROCESS_BYTES  # torch needs that much
+    gpus = [{"index": 0, "kind": "cuda", "memory_mb": 81559, "physical_id": "GPU-a"}]
+    assert Box(Accelerator.cuda, gpus).memory_limit([0], processes=1) is None
 
 
 def test_out_of_memory_is_final() -> None:
