@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
@@ -97,6 +98,7 @@ def test_out_of_memory_is_final() -> None:
     assert not outcome.retryable
 
 
+@pytest.mark.slow
 def test_a_job_past_its_memory_fails_alone_and_for_good(tmp_path: Path) -> None:
     """A real worker whose slots hold 1 GiB each; the job's data set is ~0.6 GiB (so the
     submit lets it through) but building it takes three times as much."""
