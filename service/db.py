@@ -11,6 +11,8 @@ from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, InternalError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlmodel import Session
 
 from service.settings import Settings
@@ -77,6 +79,16 @@ def make_engine(settings_or_url: Settings | str) -> Engine:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a failed write failed for want of the database (down, unreachable, the
+    connection lost or none free), not because it refused what was written: retrying
+    the rows one by one then would only fail the same way, one wait after another."""
+    # The classes service/api/errors.py answers 503 for.
+    return isinstance(exc, OperationalError | InterfaceError | InternalError | PoolTimeout) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
 
 
 def is_sqlite(engine: Engine) -> bool:

@@ -32,6 +32,7 @@ from sqlmodel import Session
 from service.db import read_session
 from service.errors import JobNotFound
 from service.models import Job, JobRead, JobStatus, LogLine, LogLineRead, Metric, MetricRead
+from service.points import finite_json
 
 log = logging.getLogger(__name__)
 TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
@@ -50,7 +51,10 @@ class Event:
     @cached_property
     def frame(self) -> bytes:
         """The event on the wire, encoded once however many watchers it is sent to."""
-        data = json.dumps(self.data, separators=(",", ":"))
+        try:  # strict: a NaN would reach browsers as `NaN`, which no JSON parser takes
+            data = json.dumps(self.data, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # stored before numbers were made finite where they are made
+            data = json.dumps(finite_json(self.data), separators=(",", ":"), allow_nan=False)
         return format_sse_event(data_str=data, event=self.kind, id=str(self.id))
 
 

@@ -23,11 +23,9 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlmodel import Session
 
-from service.db import write_session
+from service.db import unavailable, write_session
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256
@@ -70,7 +68,7 @@ class GroupCommit:
             try:
                 self._commit(batch)
             except BaseException as exc:
-                if len(batch) == 1 or _unreachable(exc):  # every caller learns why
+                if len(batch) == 1 or unavailable(exc):  # every caller learns why
                     for _, done in batch:
                         done.set_exception(exc)
                     continue
@@ -93,14 +91,6 @@ class GroupCommit:
             results = self.write(session, [row for row, _ in batch])
         for (_, done), result in zip(batch, results, strict=True):
             done.set_result(result)
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Whether the batch failed for want of the database, not for a row of it: then each
-    row alone would fail the same way, one wait after another."""
-    return isinstance(exc, OperationalError | InterfaceError | PoolTimeout) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
-    )
 
 
 _committers: WeakKeyDictionary[Engine, GroupCommit] = WeakKeyDictionary()

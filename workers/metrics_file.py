@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.points import MetricPoint, ProgressPoint
+from service.points import MetricPoint, ProgressPoint, finite, metric_name
 from workers.rate import StepRate
 
 log = logging.getLogger(__name__)
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 # Keys that say where the job is; every other key is a metric.
 POSITION = ("step", "epoch", "epochs", "total_steps", "time")
 MAX_LINE_BYTES = 64 * 1024
-MAX_NAME_CHARS = 100  # the metric table's name column
 MAX_INT = 2**31 - 1  # steps and epochs are INTEGER columns
 
 
@@ -105,17 +103,10 @@ def parse(line: Any, *, now: float) -> tuple[list[MetricPoint], ProgressPoint]:
     for name, value in line.items():
         if name in POSITION:
             continue
-        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS:
-            raise ValueError(f"a metric name must be 1 to {MAX_NAME_CHARS} characters")
+        metric_name(name)  # ValueError: the line is skipped, and says why
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise ValueError(f"{name!r} is not a number")
-        try:
-            stored: float | None = None if value is None else float(value)
-        except OverflowError:  # an integer past a float's range
-            stored = None
-        if stored is not None and not math.isfinite(stored):
-            stored = None
-        points.append(MetricPoint(name=name, step=step, epoch=epoch, value=stored, time=now))
+        points.append(MetricPoint(name=name, step=step, epoch=epoch, value=finite(value), time=now))
     loss = next((p.value for p in points if p.name in ("train/loss", "loss")), None)
     progress = ProgressPoint(
         epoch=epoch,

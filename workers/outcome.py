@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from service.models import JobStatus
+from service.points import finite_values
 from service.reasons import ReasonCode
 from service.store import Outcome
 from workers.jobfiles import write_atomic
@@ -91,7 +92,9 @@ def decide(
             retryable=True,
         )
     if report.ok:
-        return Outcome(JobStatus.succeeded, ReasonCode.succeeded, "trained", result=report.result)
+        # A diverged job's final metrics are NaN: null, as in its points (service.points).
+        result = None if report.result is None else finite_values(report.result)
+        return Outcome(JobStatus.succeeded, ReasonCode.succeeded, "trained", result=result)
     if report.preempted is not None:  # someone sent SIGTERM: it checkpointed and stopped
         return Outcome(JobStatus.queued, ReasonCode.preempted, f"preempted: {report.preempted}")
     error = report.error or {}

@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from service import store
-from service.db import make_engine
+from service.db import make_engine, unavailable
 from service.points import MetricPoint, ProgressPoint
 from service.settings import Settings
 from service.store import Fence
@@ -98,13 +98,45 @@ class DbReporter:
         """Store a batch; False when it should be tried again."""
         try:
             owned = store.report(self.engine, self.fence, progress=progress, metrics=metrics)
-        except Exception:  # a database hiccup must not kill training: retry with the next
+        except Exception as exc:  # a database hiccup must not kill training: retry with the next
+            if not unavailable(exc):  # it refused a value: retried, it would refuse it forever
+                return self._write_each(progress, metrics)
             log.exception("job %s: could not record progress; will retry", self.fence.job_id)
             if self.lease_s is not None and time.monotonic() - self._last_stored > self.lease_s:
                 # Longer than a lease without the database: the lease has run out, so
                 # the job may be someone else's by now. Nothing done here can count.
                 self._lost()
             return False
+        return self._stored(owned, metrics)
+
+    def _write_each(self, progress: ProgressPoint | None, metrics: list[MetricPoint]) -> bool:
+        """Store a batch the database refused a point at a time, leaving out each point it
+        refuses: one bad point must not hold back the rest until the lease runs out."""
+        log.warning("job %s: a batch was refused; writing it point by point", self.fence.job_id)
+        points: list[MetricPoint | ProgressPoint] = [*metrics]
+        if progress is not None:
+            points.append(progress)  # last, as in a batch: it sums up the points before it
+        for point in points:
+            alone = point if isinstance(point, ProgressPoint) else None
+            metric = [point] if isinstance(point, MetricPoint) else []
+            try:
+                owned = store.report(self.engine, self.fence, progress=alone, metrics=metric)
+            except Exception as exc:
+                if unavailable(exc):  # gone meanwhile: all of it again with the next batch
+                    return False
+                log.error(
+                    "job %s: point left out, the database refused it (%s): %.300r",
+                    self.fence.job_id,
+                    exc.__class__.__name__,
+                    point,
+                )
+                continue
+            if not owned:
+                return self._stored(False, [])
+        return self._stored(True, metrics)
+
+    def _stored(self, owned: bool, metrics: list[MetricPoint]) -> bool:
+        """After a write: the lease lost, or every point up to the batch's last step stored."""
         self._last_stored = time.monotonic()
         if not owned:
             self._lost()

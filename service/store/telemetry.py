@@ -18,6 +18,9 @@ from service.store.tables import log_table as _log
 from service.store.transitions import Fence, fenced
 
 _INSERT_LOG = insert(_log)
+# PostgreSQL's text refuses NUL, and a line holding one would fail its whole batch at
+# every retry: a NUL a program printed is stored as U+FFFD, as undecodable bytes are.
+NUL, NUL_STORED_AS = "\x00", "\ufffd"
 # INSERT that skips points whose (job, name, step) exists: a resumed run re-reports some.
 _INSERT_METRIC = {
     "sqlite": sqlite.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]
@@ -89,7 +92,13 @@ def append_logs(
         session.execute(
             _INSERT_LOG,
             [
-                {"job_id": fence.job_id, "seq": first + i, "time": t, "stream": s, "text": x}
+                {
+                    "job_id": fence.job_id,
+                    "seq": first + i,
+                    "time": t,
+                    "stream": s,
+                    "text": x.replace(NUL, NUL_STORED_AS),
+                }
                 for i, (t, s, x) in enumerate(lines)
             ],
         )

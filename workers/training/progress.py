@@ -9,7 +9,7 @@ end, and an ETA that jumps.
 
 from __future__ import annotations
 
-import math
+import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -21,6 +21,7 @@ from service.points import MetricPoint, ProgressPoint
 from workers.rate import StepRate
 from workers.training.spec import RunSpec
 
+log = logging.getLogger(__name__)
 # Rank 0 records the training loss of its batch every this many steps.
 TRAIN_LOSS_EVERY_STEPS = 10
 # Rank 0 sends progress at most this often (the API promises a refresh every second).
@@ -84,6 +85,7 @@ class Progress:
         # most of the time measured.
         self.rate = StepRate(RATE_MIN_STEPS)
         self.unsaved = list(unconfirmed)  # metric points, in step order
+        self.refused_names: set[str] = set()  # metric names that cannot be stored
         for point in unconfirmed:  # what the checkpoint had not seen stored: again
             self._send(point)
 
@@ -145,21 +147,29 @@ class Progress:
                 step=step,
                 total_steps=self.total_steps,
                 loss=self.loss,
-                samples_per_s=_finite(rate * self.batch_size if rate else None),
-                eta_s=_finite((self.total_steps - step) / rate if rate else None),
+                samples_per_s=_rounded(rate * self.batch_size if rate else None),
+                eta_s=_rounded((self.total_steps - step) / rate if rate else None),
             )
         )
 
     def _metric(self, name: str, step: int, epoch: int, value: float) -> None:
-        if math.isfinite(value):
+        # A value that is not finite is stored as null (the point says so); a name that
+        # cannot be stored (a recipe's metrics name their own) is left out, said once.
+        try:
             point = MetricPoint(name=name, step=step, epoch=epoch, value=value, time=time.time())
-            self.unsaved.append(point)
-            self._send(point)
+        except ValueError as refused:
+            if name not in self.refused_names:
+                self.refused_names.add(name)
+                log.warning("metric %.120r not recorded: %s", name, refused)
+            return
+        self.unsaved.append(point)
+        self._send(point)
 
     def _send(self, item: MetricPoint | ProgressPoint) -> None:
         if self.sink is not None:
             self.sink.put_nowait(item)
 
 
-def _finite(x: float | None) -> float | None:
-    return round(x, 3) if x is not None and math.isfinite(x) else None
+def _rounded(x: float | None) -> float | None:
+    # Not finite stays so here: the ProgressPoint makes it None.
+    return round(x, 3) if x is not None else None
