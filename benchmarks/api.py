@@ -1,6 +1,8 @@
 """API throughput and latency: POST /jobs and GET /jobs/{id} under 1, 16 and 64 clients.
 
     python -m benchmarks.api [--seconds 10]
+    python -m benchmarks.api --first-worker [--seconds 10]   (submits before and after
+        the first worker registers, 16 clients, alternating)
 
 Load comes from wrk (Debian package `wrk`) on the same two cores as the server, with a
 worker running and busy (its slots held by a slow job, so submits stay queued).
@@ -16,6 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import text
 
 from benchmarks.common import database, print_table, save
 from tests.stack import Stack, running_stack, wait_for
@@ -72,14 +76,59 @@ def run(stack: Stack, seconds: float) -> list[dict[str, Any]]:
     return rows
 
 
+def first_worker(stack: Stack, seconds: float, rounds: int = 2) -> list[dict[str, Any]]:
+    """Submits at 16 clients before any worker registered, then after one did: the same
+    server, rounds alternating on one database, so the machine's drift hits both alike.
+    The worker is a row (what the catalog reads), so nothing claims or trains meanwhile."""
+    from service.catalog import register_worker
+    from service.db import make_engine
+    from service.models import Worker
+    from workers.recipes import load_recipes
+
+    script = stack.tmp / "post.lua"
+    script.write_text(POST_LUA.format(body=json.dumps(JOB)))
+    engine = make_engine(stack.database_url)
+    described = [r.describe() for r in load_recipes().values()]
+    rows = []
+    try:
+        for _ in range(rounds):
+            with engine.begin() as conn:  # no worker yet (again)
+                conn.execute(text("DELETE FROM worker"))
+            wait_for(lambda: not stack.http.get("/workers").json(), 10, "no worker listed")
+            before = wrk(f"{stack.url}/api/v1/jobs", 16, seconds, script)
+            devices = [{"index": i, "kind": "cpu", "name": f"slot {i}"} for i in range(2)]
+            worker = Worker(id="bench", hostname="bench", pid=1, accelerator="cpu",
+                            devices=devices, recipes=described)  # fmt: skip
+            register_worker(engine, worker)
+            after = wrk(f"{stack.url}/api/v1/jobs", 16, seconds, script)
+            row = {"no worker yet: submits/s": before["requests_per_s"],
+                   "a worker registered: submits/s": after["requests_per_s"],
+                   "ratio": before["requests_per_s"] / after["requests_per_s"],
+                   "errors": before["errors"] + after["errors"]}  # fmt: skip
+            print(row, flush=True)
+            rows.append(row)
+    finally:
+        engine.dispose()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--api-workers", type=int, default=1, help="API server processes")
     parser.add_argument("--database", default="sqlite", help="sqlite or postgresql")
+    parser.add_argument(
+        "--first-worker", action="store_true", help="submits before and after a worker registers"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install wrk")
+    if args.first_worker:
+        with tempfile.TemporaryDirectory() as tmp, running_stack(Path(tmp)) as stack:
+            rows = first_worker(stack, args.seconds)
+        print_table("submits before and after the first worker registers (16 clients)", rows)
+        save("api-first-worker", rows)
+        return
     with (
         tempfile.TemporaryDirectory() as tmp,
         database(args.database) as url,

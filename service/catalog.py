@@ -162,23 +162,26 @@ class CatalogCache:
         return time.monotonic() - catalog.read_at > self.ttl_s
 
     def check(self, engine: Engine, spec: JobCreate) -> tuple[ReasonCode, str]:
-        """check_spec against the cached catalog; before refusing, or accepting unchecked
-        for want of workers, against the catalog as of now (a worker offering the recipe
-        may have registered a moment ago)."""
+        """check_spec against the cached catalog; before refusing, against the catalog as
+        of now (a worker offering the recipe may have registered a moment ago)."""
         return self.check_cached(spec) or check_spec(self.get(engine, fresh=True), spec)
 
     def check_cached(self, spec: JobCreate) -> tuple[ReasonCode, str] | None:
         """``check``'s answer where the cached catalog gives it without a query: a spec it
-        accepts, checked against workers it knows. None where ``check`` must ask the
-        database (the cache expired, or it would refuse, or it knows no worker)."""
+        accepts, including one accepted unchecked because it knows no worker yet. None
+        where ``check`` must ask the database (the cache expired, or it would refuse).
+
+        An empty catalog is trusted for ``ttl_s`` like any other: a spec accepted unchecked
+        up to ``ttl_s`` after the first worker registered is one that came that much
+        earlier (it is checked at the claim). Reading the workers again for each submit
+        instead halved the submit rate of a box whose worker had not registered yet."""
         catalog = self.cached()
         if catalog is None:
             return None
         try:
-            reason = check_spec(catalog, spec)
+            return check_spec(catalog, spec)
         except SpecInvalid:
             return None
-        return None if reason[0] == ReasonCode.no_worker else reason
 
 
 def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
