@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from workers.recipes import load_recipes
+import pytest
+
+from workers.recipes import SkippedSource, find_recipes, load_recipes
 
 RECIPE = """
 import torch
@@ -77,3 +80,24 @@ def test_the_readme_example_recipe_trains(tmp_path: Path) -> None:
     )
     result = strategies.run(spec)
     assert result["val/loss"] < 0.1 and "val/max_abs_error" in result
+
+
+def test_a_broken_file_or_a_dot_file_is_skipped_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 16 item 14: one of them used to stop the worker from starting at all."""
+    (tmp_path / "echo.py").write_text(RECIPE)
+    (tmp_path / "typo.py").write_text("def broken(:\n")
+    (tmp_path / "raises.py").write_text("import os\n\nraise RuntimeError('no GPU driver')\n")
+    (tmp_path / ".echo.py").write_text("this is an editor's backup, not python")
+    (tmp_path / ".#echo.py").symlink_to("user@host.1234")  # emacs's lock: a dangling link
+    with caplog.at_level(logging.WARNING):
+        found = find_recipes(tmp_path)
+    assert "echo" in found.recipes and "mlp-regression" in found.recipes
+    assert found.skipped == [
+        SkippedSource(str(tmp_path / "raises.py"), "RuntimeError: no GPU driver (line 3)"),
+        SkippedSource(str(tmp_path / "typo.py"), "SyntaxError: invalid syntax (line 1)"),
+    ]
+    assert "raises.py: RuntimeError: no GPU driver" in caplog.text and "typo.py" in caplog.text
+    assert ".echo.py" not in caplog.text
+    assert load_recipes(tmp_path).keys() == found.recipes.keys()

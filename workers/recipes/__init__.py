@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # the worker imports this before torch (see workers.superviso
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "trainyard.recipes"
+# A skipped source's error as published (and logged): a line, not a traceback.
+MAX_ERROR_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -68,21 +71,64 @@ class RecipeError(Exception):
     """A recipe could not be loaded."""
 
 
+@dataclass(frozen=True)
+class SkippedSource:
+    """A recipe source that failed to load: where, and the error in one line."""
+
+    source: str
+    error: str
+
+
+@dataclass(frozen=True)
+class FoundRecipes:
+    """The recipes a worker can run, and the sources it skipped (which it publishes)."""
+
+    recipes: dict[str, Recipe]
+    skipped: list[SkippedSource]
+
+
 def load_recipes(recipes_dir: Path | None = None) -> dict[str, Recipe]:
     """Every recipe this worker can run, by name (later sources override earlier ones)."""
+    return find_recipes(recipes_dir).recipes
+
+
+def find_recipes(recipes_dir: Path | None = None) -> FoundRecipes:
+    """``load_recipes``, with the sources that failed to load: one broken file (or an
+    editor's left-over) must not keep a worker from running the rest. Each is logged."""
     from workers.recipes import builtin
 
     found: dict[str, Recipe] = {}
+    skipped: list[SkippedSource] = []
     _add(found, builtin.RECIPES, "built-in")
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             _add(found, _as_list(ep.load()), f"entry point {ep.name}")
-        except Exception:
-            log.exception("skipping recipe entry point %s", ep.name)
+        except Exception as exc:
+            skipped.append(_skip(f"entry point {ep.name}", exc))
     if recipes_dir is not None:
         for path in sorted(Path(recipes_dir).glob("*.py")):
-            _add(found, _load_file(path), str(path))
-    return found
+            if path.name.startswith("."):  # an editor's lock or backup file, say
+                log.debug("ignoring recipe file %s (a dot-file)", path)
+                continue
+            try:
+                _add(found, _load_file(path), str(path))
+            except Exception as exc:  # whatever the file's top level raised
+                skipped.append(_skip(str(path), exc, path))
+    return FoundRecipes(found, skipped)
+
+
+def _skip(source: str, exc: BaseException, path: Path | None = None) -> SkippedSource:
+    """Log a source that failed to load, and say where in the file it failed."""
+    if isinstance(exc, SyntaxError):  # its own text spans lines (the code, a caret)
+        error = f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
+    else:
+        error = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        here = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+        if here:
+            error += f" (line {here[-1].lineno})"
+    error = error[:MAX_ERROR_CHARS]
+    log.warning("skipping recipes from %s: %s", source, error)
+    return SkippedSource(source, error)
 
 
 def load_package_recipes(package: Path) -> dict[str, Recipe]:
@@ -122,5 +168,9 @@ def _load_file(path: Path) -> list[Recipe]:
         raise RecipeError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # so pickling and inspect.getsource find it
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]  # half a module is nothing to find later
+        raise
     return [obj for obj in vars(module).values() if isinstance(obj, Recipe)]
