@@ -15,6 +15,8 @@ from pydantic import AfterValidator, ConfigDict, StringConstraints
 from sqlalchemy import JSON, DateTime, Index, Row, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
 
+from service.points import finite
+
 # The widest integers the columns hold: INTEGER is 32 bits on PostgreSQL (ids, steps,
 # event numbers, spec fields), and nothing in SQLite is wider than 64. Every integer that
 # comes in is bounded by one of these (or tighter), so none reaches the database too wide.
@@ -28,25 +30,29 @@ MAX_INT64 = 2**63 - 1
 NUL_FREE_PATTERN = r"^[^\x00]*$"
 
 
-def refuse_nul_within(value: Any) -> Any:
-    """A JSON value, unless one of its strings (keys included, at any depth) holds a NUL."""
+def refuse_unstorable(value: Any) -> Any:
+    """A JSON value, unless a string in it (keys included, at any depth) holds a NUL or a
+    number in it is not finite (Python's json reads NaN and Infinity; JSON has neither)."""
     if isinstance(value, str):
         if "\x00" in value:
             raise ValueError("no string in it may contain a NUL character (\\u0000)")
+    elif isinstance(value, float):
+        if finite(value) is None:
+            raise ValueError("no number in it may be NaN or infinite")
     elif isinstance(value, dict):
         for key, item in value.items():
-            refuse_nul_within(key)
-            refuse_nul_within(item)
+            refuse_unstorable(key)
+            refuse_unstorable(item)
     elif isinstance(value, list):
         for item in value:
-            refuse_nul_within(item)
+            refuse_unstorable(item)
     return value
 
 
 # Every string that comes in, in a body, path or query: no NUL character.
 NulFreeStr = Annotated[str, StringConstraints(pattern=NUL_FREE_PATTERN)]
-# A JSON object that comes in (a recipe's params): no NUL in any of its strings.
-JsonObject = Annotated[dict[str, Any], AfterValidator(refuse_nul_within)]
+# A JSON object that comes in (a recipe's params): no NUL in its strings, numbers finite.
+JsonObject = Annotated[dict[str, Any], AfterValidator(refuse_unstorable)]
 
 # A blob's name: the SHA-256 of its bytes.
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import iter_route_contexts
 from pydantic import BaseModel, Field
@@ -28,6 +30,7 @@ from service.errors import (
     SpecInvalid,
     TrainyardError,
 )
+from service.points import finite_json
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
@@ -81,6 +84,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": detail}, status_code=code)
 
     app.add_exception_handler(TrainyardError, handle)
+
+    async def invalid_request(_request: Request, exc: Exception) -> JSONResponse:
+        # FastAPI's own 422, with the refused input's numbers made JSON: a NaN or Infinity
+        # in a body (Python's json reads them) made the answer itself fail, a 500.
+        assert isinstance(exc, RequestValidationError)
+        detail = finite_json(jsonable_encoder(exc.errors()))
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    app.add_exception_handler(RequestValidationError, invalid_request)
 
     async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
         # The pool pre-pings and replaces broken connections, so the next request after

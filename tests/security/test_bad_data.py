@@ -312,3 +312,24 @@ def test_a_point_the_database_refuses_holds_back_no_other(engine: Engine) -> Non
         rows = session.execute(select(Metric.step, Metric.value).order_by(Metric.step)).all()
     assert job.progress is not None and job.progress["loss"] == 0.5
     assert [tuple(r) for r in rows] == [(1, 1.0), (2, 2.0)]
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        (b'{"recipe": "later", "lr": NaN}', "lr"),
+        (b'{"recipe": "later", "epochs": Infinity}', "epochs"),
+        (b'{"recipe": "later", "params": {"a": NaN}}', "params"),
+        (b'{"recipe": "later", "params": {"a": [1, -Infinity]}}', "params"),
+        (b'{"recipe": "later", "params": {"a": 1e999}}', "params"),
+    ],
+)
+def test_a_number_json_does_not_have_is_refused(
+    client: TestClient, body: bytes, field: str
+) -> None:
+    """Python's json reads NaN and Infinity: a spec holding one is refused (it once was
+    stored, or answered 500 when the 422 could not be written as JSON)."""
+    r = client.post("/api/v1/jobs", content=body, headers={"Content-Type": "application/json"})
+    _refused(r, "body", field)
+    _strict(r.text)
+    assert client.get("/api/v1/jobs").json()["total"] == 0
