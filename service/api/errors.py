@@ -48,9 +48,10 @@ class FieldError(BaseModel):
     type: str = Field(description="The kind of error.", examples=["greater_than"])
 
 
+# The handlers below, FastAPI's validation errors, the token check and the request guard
+# all write this shape; service/api/responses.py declares it for each route.
 class ErrorDetail(BaseModel):
-    """The body of every error answer: the handlers below, FastAPI's validation errors,
-    the token check and the request guard all write ``{"detail": ...}``."""
+    """The body of every error answer."""
 
     detail: str | list[FieldError] = Field(
         description="What went wrong: a sentence, or for a refused request one entry per "
