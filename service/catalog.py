@@ -88,6 +88,7 @@ def list_workers(session: Session) -> list[WorkerRead]:
                 heartbeat_age_s=round(age, 3),
                 alive=w.stopped_at is None and age < WORKER_ALIVE_S,
                 running_jobs={jid: devs or [] for jid, wid, devs in held if wid == w.id},
+                recipe_errors=w.recipe_errors,
             )
         )
     return out

@@ -411,6 +411,8 @@ class Worker(SQLModel, table=True):
     accelerator: str = Field(max_length=8, description="cuda or cpu")
     devices: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
     recipes: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
+    # recipe sources the worker skipped: {"source": file or entry point, "error": one line}
+    recipe_errors: list[dict[str, str]] = Field(default_factory=list, sa_type=JSON)
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -425,6 +427,14 @@ class WorkerRead(SQLModel):
     alive: bool
     heartbeat_age_s: float
     running_jobs: dict[int, list[int]] = Field(description="job id -> device indices it holds")
+    recipe_errors: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="Recipe files (or entry points) the worker skipped because they failed "
+        "to load, each with its error in one line; it runs the others.",
+        schema_extra={
+            "examples": [[{"source": "/recipes/mine.py", "error": "SyntaxError: invalid syntax"}]]
+        },
+    )
     started_at: datetime
 
 

@@ -35,7 +35,7 @@ from workers.launch import Launcher
 from workers.lease import Leases
 from workers.outage import DatabaseWatch
 from workers.outcome import RunnerReport, StopReason, decide
-from workers.recipes import Recipe, load_recipes
+from workers.recipes import Recipe, SkippedSource, find_recipes
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ class Supervisor:
         # Known once run() has detected them.
         self.box = Box(Accelerator.cpu, [])
         self.recipes: dict[str, Recipe] = {}
+        self.skipped_recipes: list[SkippedSource] = []  # published, so users see why
         self.database = DatabaseWatch()
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
@@ -158,7 +159,8 @@ class Supervisor:
         # rather than after them. (This module imports nothing heavy for that reason.)
         self.launcher.open()
         self.box = Box.detect(self.settings.cpu_slots, self.settings.job_memory_fraction)
-        self.recipes = load_recipes(self.settings.recipes_dir)
+        found = find_recipes(self.settings.recipes_dir)
+        self.recipes, self.skipped_recipes = found.recipes, found.skipped
 
     def _idle_wait(self) -> float:
         """How long to sleep when nothing was claimed: the poll interval, unless busy, or
@@ -206,6 +208,9 @@ class Supervisor:
                 accelerator=self.box.accelerator,
                 devices=self.box.devices,
                 recipes=[r.describe() for r in self.recipes.values()],
+                recipe_errors=[
+                    {"source": s.source, "error": s.error} for s in self.skipped_recipes
+                ],
             ),
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from service.migrate import head_revision
 from tests.e2e.conftest import one_database
-from tests.stack import REPO, Stack, free_port, running_stack, stack_env, wait_for
+from tests.stack import RECIPES_DIR, REPO, Stack, free_port, running_stack, stack_env, wait_for
 from tests.workers.test_venvs import make_wheel
 
 pytestmark = pytest.mark.slow
@@ -189,3 +190,27 @@ def test_serve_and_worker_refuse_an_unmigrated_database_saying_what_to_run(
     with running_stack(tmp_path, env["TRAINYARD_DATABASE_URL"]) as stack:
         health = httpx.get(stack.url + "/healthz").json()
         assert health["status"] == "ok" and health["schema"]["revision"] == head_revision()
+
+
+@CLIENT_SIDE
+def test_worker_starts_past_a_broken_recipe_file_and_publishes_why(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 16 item 14: a file that fails to import, or an editor's dot-file, in the
+    recipes folder used to stop `trainyard worker` from starting at all."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    shutil.copy(RECIPES_DIR / "tiny.py", recipes)
+    (recipes / "half_written.py").write_text("from torch import nn\n\ndef model(:\n")
+    (recipes / ".#tiny.py").symlink_to("user@box.4242")  # emacs's lock on tiny.py
+    stack.start_worker(env={"TRAINYARD_RECIPES_DIR": str(recipes)})
+    [worker] = stack.http.get("/workers").json()
+    assert worker["recipe_errors"] == [
+        {
+            "source": str(recipes / "half_written.py"),
+            "error": "SyntaxError: invalid syntax (line 3)",
+        }
+    ]
+    assert "tiny" in {r["name"] for r in stack.http.get("/recipes").json()}
+    log = (stack.tmp / "worker-e2e.log").read_text()
+    assert "skipping recipes from" in log and "half_written.py" in log and ".#tiny" not in log

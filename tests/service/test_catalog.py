@@ -1,19 +1,26 @@
-"""The catalog cache (issue 16 item 14): a submit within its time to live asks the
-database nothing, whether or not a worker has registered yet."""
+"""The catalog (issue 16 item 14): the cache answers a submit within its time to live
+without asking the database, worker registered yet or not; the recipe sources a worker
+skipped, and why.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event
+from alembic import command
+from sqlalchemy import Engine, event, text
 
-from service.catalog import CatalogCache, register_worker
+from service.catalog import CatalogCache, list_workers, register_worker
+from service.db import make_engine, read_session
 from service.errors import SpecInvalid
+from service.migrate import alembic_config, upgrade
 from service.models import JobCreate, Worker
 from service.reasons import ReasonCode
+from tests.databases import throwaway_postgres
 
 SPEC = JobCreate.model_validate(
     {"recipe": "tiny", "strategy": "single", "devices": 1, "accelerator": "cpu", "epochs": 1}
@@ -65,3 +72,30 @@ def test_a_spec_the_cached_catalog_refuses_is_checked_as_of_now(
     assert cache.check_cached(SPEC) is None  # the cache would refuse: not its answer alone
     add_worker("w2")
     assert cache.check(engine, SPEC)[0] == ReasonCode.queued
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_worker_registered_before_recipe_errors_existed_lists_none(
+    kind: str, tmp_path: Path
+) -> None:
+    """Migration 0008 gives the rows already there an empty list, on both databases."""
+    with ExitStack() as stack:
+        if kind == "sqlite":
+            url = f"sqlite:///{tmp_path / 'old.db'}"
+        else:
+            url = stack.enter_context(throwaway_postgres(migrate=False))
+        command.upgrade(alembic_config(url), "0007")
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO worker (id, hostname, pid, accelerator, devices, recipes, "
+                    "started_at, heartbeat_at) VALUES ('old', 'h', 1, 'cpu', '[]', '[]', "
+                    "'2026-01-01', '2026-01-01')"
+                )
+            )
+        upgrade(url)
+        with read_session(engine) as session:
+            [worker] = list_workers(session)
+    assert worker.id == "old" and worker.recipe_errors == []
