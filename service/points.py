@@ -7,7 +7,7 @@ Here, and only here, is decided what a reported number and a metric's name may b
 number is finite or None (JSON has no NaN or Infinity: the event stream's would not
 parse, and PostgreSQL's json column refuses the row), and a name fits its column. The
 points apply it as they are made, so nothing built from them can carry NaN to the
-database or a watcher.
+database or a watcher. Text a job writes is made storable here too (``storable_text``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, list):
         return [finite_json(item) for item in value]
     return value
+
+
+def storable_text(text: str) -> str:
+    """Text a job's processes wrote (log lines, an error's message), with each NUL as
+    U+FFFD, as undecodable bytes are: PostgreSQL's text refuses NUL, and with it the
+    whole write, again at every retry."""
+    return text.replace("\x00", "\ufffd")
 
 
 def metric_name(name: object) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from service.models import JobStatus
-from service.points import finite_values
+from service.points import finite_values, storable_text
 from service.reasons import ReasonCode
 from service.store import Outcome
 from workers.jobfiles import write_atomic
@@ -102,7 +102,7 @@ def decide(
     return Outcome(
         JobStatus.failed,
         _reason(error.get("code")),
-        f"{error.get('type')}: {error.get('message')}{ranks}"[:2000],
+        storable_text(f"{error.get('type')}: {error.get('message')}{ranks}"[:2000]),
         error=error,
         retryable=bool(error.get("retryable", True)),
     )

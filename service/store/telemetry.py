@@ -12,15 +12,12 @@ from sqlmodel import Session
 
 from service.db import write_session
 from service.models import Job, Metric
-from service.points import MetricPoint, ProgressPoint
+from service.points import MetricPoint, ProgressPoint, storable_text
 from service.store.tables import job_table as _job
 from service.store.tables import log_table as _log
 from service.store.transitions import Fence, fenced
 
 _INSERT_LOG = insert(_log)
-# PostgreSQL's text refuses NUL, and a line holding one would fail its whole batch at
-# every retry: a NUL a program printed is stored as U+FFFD, as undecodable bytes are.
-NUL, NUL_STORED_AS = "\x00", "\ufffd"
 # INSERT that skips points whose (job, name, step) exists: a resumed run re-reports some.
 _INSERT_METRIC = {
     "sqlite": sqlite.insert(Metric.__table__).on_conflict_do_nothing(),  # type: ignore[attr-defined]
@@ -97,7 +94,7 @@ def append_logs(
                     "seq": first + i,
                     "time": t,
                     "stream": s,
-                    "text": x.replace(NUL, NUL_STORED_AS),
+                    "text": storable_text(x),  # a NUL would fail the batch
                 }
                 for i, (t, s, x) in enumerate(lines)
             ],

@@ -30,6 +30,7 @@ from tests.recipes_dir.diverging import LONG_NAME
 from tests.scripts import put_package
 from tests.service.test_store import CLAIM
 from tests.stack import Stack, running_stack
+from workers.outcome import RunnerReport, decide
 from workers.reporter import DbReporter
 
 HUGE = 2**70  # past any integer column, and past what SQLite can bind at all
@@ -333,3 +334,16 @@ def test_a_number_json_does_not_have_is_refused(
     _refused(r, "body", field)
     _strict(r.text)
     assert client.get("/api/v1/jobs").json()["total"] == 0
+
+
+def test_a_nul_in_a_failing_jobs_message_is_stored(engine: Engine) -> None:
+    """A recipe's exception message becomes the job's reason, a text column: with a NUL
+    in it PostgreSQL refused the finish, again at every try."""
+    fence = _running_job(engine)
+    error = {"type": "RuntimeError", "message": "bad \x00 byte", "code": "error"}
+    report = RunnerReport(ok=False, error={**error, "retryable": False})
+    outcome = decide(None, report, 1, timeout_s=None, stall_timeout_s=60, worker_id="w1")
+    assert store.finish_attempt(engine, fence, outcome) is not None
+    with read_session(engine) as session:
+        job = store.get_job(session, fence.job_id)
+    assert job.status == "failed" and job.reason_message == "RuntimeError: bad \ufffd byte"
