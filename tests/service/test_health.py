@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.db import make_engine
-from service.migrate import alembic_config, head_revision, known_revisions, upgrade
+from service.migrate import SchemaState, alembic_config, head_revision, known_revisions, upgrade
 from service.settings import Settings
 
 
@@ -60,3 +60,10 @@ def test_healthz_is_503_while_the_schema_is_behind(tmp_path: Path) -> None:
 
         upgrade(url)  # healthy once migrated, without a restart
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_schema_newer_than_this_code_says_which_trainyard_to_run() -> None:
+    state = SchemaState(revision="9999", head=head_revision())
+    assert not state.current
+    assert "does not know" in str(state.problem()) and "migrate`" not in str(state.problem())
+    assert SchemaState(revision=head_revision(), head=head_revision()).problem() is None
