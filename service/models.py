@@ -148,10 +148,9 @@ class JobBase(SQLModel):
         sa_type=JSON,
         description="The recipe's own parameters, validated by its JSON schema.",
     )
-    code: str | None = Field(  # its pattern admits no NUL
+    code: Digest | None = Field(  # (SQLModel's regex= was never checked: the type is)
         None,
         max_length=DIGEST_MAX,
-        regex=DIGEST_PATTERN,
         description="A code package (zip) stored with PUT /api/v1/blobs/{digest}: a script "
         "job's working directory.",
     )

@@ -77,7 +77,7 @@ async def submit_job(
     settings: SettingsDep,
     blobs: BlobStoreDep,
     idempotency_key: Annotated[
-        str | None,
+        NulFreeStr | None,
         Header(max_length=200, description="Retries with the same key return the same job."),
     ] = None,
 ) -> JobRead:

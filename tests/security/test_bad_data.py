@@ -130,11 +130,18 @@ def test_a_nul_in_any_string_of_a_spec_is_refused(
         ("entrypoint", ["python", "train\x00.py"]),
         ("requirements", ["numpy\x00"]),
         ("data", {"digits\x00.npz": "sha256:" + "1" * 64}),
+        ("code", "sha256:\x00" + "0" * 63),
     ],
 )
 def test_a_nul_in_a_script_spec_is_refused(client: TestClient, field: str, value: Any) -> None:
     spec = {"code": "sha256:" + "0" * 64, "entrypoint": ["python", "train.py"], field: value}
     _refused(client.post("/api/v1/jobs", json=spec), "body", field)
+
+
+def test_a_nul_in_an_idempotency_key_is_refused(client: TestClient) -> None:
+    headers = {"Idempotency-Key": "retry\x00 1"}
+    r = client.post("/api/v1/jobs", json={"recipe": "offered-later"}, headers=headers)
+    _refused(r, "header", "idempotency-key")
 
 
 def test_a_nul_in_an_artifact_or_metric_name_is_refused(
