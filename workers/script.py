@@ -26,6 +26,7 @@ from pathlib import Path
 
 from service.jobspec import resolve_strategy
 from service.models import Job, Strategy
+from service.owner_only import hide_process
 from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence
@@ -114,6 +115,10 @@ def job_env(
 
 def run(settings: Settings, fence: Fence, script: Script) -> RunnerReport:
     """Run the script to its end, following its metrics; how it ended, as a report."""
+    # The script runs as this user, in processes of its own: it must not read this one's
+    # memory, where the settings (the database URL) are. (A recipe runs in the runner's
+    # own process: nothing to hide from it there.)
+    hide_process()
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     log.info("running %s in %s", " ".join(script.argv), script.cwd)
