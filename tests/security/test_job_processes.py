@@ -32,13 +32,15 @@ from typing import Any
 import pytest
 
 from service.owner_only import PR_SET_DUMPABLE, hide_process
+from service.settings import Settings
 from tests.e2e.test_script_jobs import script_pids
 from tests.scripts import put_package
 from tests.stack import REPO, Stack, running_stack, stack_env, wait_for
+from workers.env_allowlist import inherited
+from workers.handoff import Handoff
+from workers.launch import runner_env
 from workers.loopback import loopback_interface
 from workers.procfs import group_members
-
-pytestmark = pytest.mark.slow
 
 PROBE_RECIPES = Path(__file__).with_name("recipes")
 PROBE_SCRIPT = Path(__file__).with_name("probe_script")
@@ -56,6 +58,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm_start", [True, False], ids=["forked", "fresh-interpreter"])
 def test_a_recipe_ddp_job_listens_on_loopback_and_keeps_its_secrets(
     stack: Stack, tmp_path: Path, warm_start: bool
@@ -97,6 +100,7 @@ def test_a_recipe_ddp_job_listens_on_loopback_and_keeps_its_secrets(
     _assert_private(tmp_path / "db")
 
 
+@pytest.mark.slow
 def test_a_script_ddp_job_listens_on_loopback_only(stack: Stack, tmp_path: Path) -> None:
     stack.start_worker(env={"TRAINYARD_API_TOKEN": API_TOKEN})
     release = tmp_path / "release"
@@ -122,6 +126,79 @@ def test_a_script_ddp_job_listens_on_loopback_only(stack: Stack, tmp_path: Path)
     done = stack.wait_status(job["id"], {"succeeded", "failed"})
     assert done["status"] == "succeeded", done
     _assert_private(tmp_path / "data" / "jobs" / str(job["id"]))
+
+
+def test_a_job_inherits_only_allow_listed_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = {
+        "PATH": "/usr/bin",
+        "LC_ALL": "C.UTF-8",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "OMP_NUM_THREADS": "4",
+        "TRAINYARD_API_TOKEN": API_TOKEN,
+        "TRAINYARD_DATABASE_URL": "postgresql+psycopg://trainyard:secret@db/trainyard",
+        "AWS_SECRET_ACCESS_KEY": "not-for-jobs",
+        "PYTHONPATH": "/srv/trainyard",
+    }
+    assert inherited(worker) == {
+        "PATH": "/usr/bin",
+        "LC_ALL": "C.UTF-8",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "OMP_NUM_THREADS": "4",
+    }
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    for name, value in worker.items():
+        monkeypatch.setenv(name, value)
+    # The runner also imports the worker's own code, from where the worker does.
+    assert runner_env() == {
+        **inherited(worker),
+        "PYTHONPATH": "/srv/trainyard",
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+    }
+
+
+def test_the_runner_gets_its_token_and_settings_whole_through_a_pipe(tmp_path: Path) -> None:
+    settings = Settings(
+        database_url="postgresql+psycopg://trainyard:secret@db/trainyard",
+        data_dir=tmp_path / "data",
+        api_token=API_TOKEN,
+        lease_s=7.5,
+    )
+    handoff = Handoff.of("lease-token-1", settings)
+    read_end = handoff.pipe()
+    with open(read_end, "rb") as pipe:
+        got = Handoff.model_validate_json(pipe.read())
+    assert got.lease_token == "lease-token-1"
+    assert got.runner_settings() == settings  # the database URL and token among them
+
+
+def test_files_made_before_are_closed_and_new_ones_are_private(tmp_path: Path) -> None:
+    """A data dir and SQLite database from before (0755 and 0644) are closed at start;
+    what is made after is the user's alone. (In a process of its own: the umask is the
+    whole process's.)"""
+    data, database = tmp_path / "data", tmp_path / "trainyard.db"
+    data.mkdir(mode=0o755)
+    (data / "old.json").write_text("{}")
+    for path in (database, tmp_path / "trainyard.db-wal"):
+        path.write_bytes(b"")
+        path.chmod(0o644)
+    data.chmod(0o755)
+    start = (
+        "import sys; from pathlib import Path; from service.owner_only import keep_private;"
+        "from service.settings import Settings;"
+        "keep_private(Settings(database_url=sys.argv[1], data_dir=Path(sys.argv[2])));"
+        "(Path(sys.argv[2]) / 'jobs' / '1').mkdir(parents=True);"
+        "(Path(sys.argv[2]) / 'jobs' / '1' / 'spec.json').write_text('{}')"
+    )
+    subprocess.run(
+        [sys.executable, "-c", start, f"sqlite:///{database}", str(data)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    )
+    _assert_private(data / "jobs")
+    _assert_private(data, recursive=False)
+    _assert_private(database, recursive=False)
+    _assert_private(tmp_path / "trainyard.db-wal", recursive=False)
 
 
 NOBODY = 65534
