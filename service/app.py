@@ -27,6 +27,7 @@ from service.catalog import CatalogCache
 from service.dashboard import mount_dashboard
 from service.db import make_engine
 from service.events import JobFeeds
+from service.owner_only import hide_process
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,8 @@ def serving_app(settings: Settings | None = None) -> FastAPI:
     clients a submit's p99 was ~64 ms with them, ~24 ms frozen (``benchmarks.api``).
     """
     app = create_app(settings)
+    # Each of several server processes is a fresh interpreter: hidden again from jobs.
+    hide_process()
     gc.collect()  # nothing already garbage gets frozen
     gc.freeze()
     return app
