@@ -6,7 +6,7 @@ the environment: the job's code reads that (``os.environ``, ``/proc/self/environ
 and so do its children. A pipe holds the hand-off until the runner reads it, before any
 job code runs; the runner then points its stdin at /dev/null, so its ranks and scripts
 inherit nothing of it. (The runner keeps the settings in memory, where the recipe code it
-runs in the same process can still find them: see docs/architecture.md, "Security model".)
+runs in the same process can still find them: see docs/architecture.md, "Inside the box".)
 """
 
 from __future__ import annotations
