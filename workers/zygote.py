@@ -92,9 +92,7 @@ class Zygote:
         request = {"op": "spawn", "module": module, "args": args, "env": env, "cwd": os.getcwd()}
         with self._lock, self._replied:
             try:
-                socket.send_fds(
-                    self._sock, [json.dumps(request).encode()], [stdin, stdout, stderr]
-                )
+                socket.send_fds(self._sock, [json.dumps(request).encode()], [stdin, stdout, stderr])
             except OSError as exc:
                 raise ZygoteError(f"zygote is gone: {exc}") from exc
             if not self._replied.wait_for(lambda: self._spawned or not self.alive(), timeout=30):
