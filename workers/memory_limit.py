@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import resource
 from pathlib import Path
 
@@ -64,6 +65,11 @@ def apply(limit_bytes: int) -> None:
     log.info("memory limit: %d MiB of data per process", limit_bytes // 2**20)
 
 
+# A refused allocation, as it reads in an exception's text: torch's CPU allocator past
+# the limit, CUDA's caching allocator past the GPU's memory, Python's own MemoryError.
+_REFUSED = re.compile(r"\bMemoryError\b|can't allocate memory|CUDA out of memory")
+
+
 def ran_out(exc: BaseException) -> bool:
     """Whether a failure is an allocation that was refused: the same spec would run out
     again. torch has no type for it on the CPU: its allocator raises RuntimeError."""
@@ -71,4 +77,12 @@ def ran_out(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
         return True
-    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    return isinstance(exc, RuntimeError) and _REFUSED.search(str(exc)) is not None
+
+
+def ran_out_in(stderr_tail: list[str]) -> bool:
+    """Whether a program's last words on stderr are a refused allocation: a script's
+    exception is not ours to inspect, only the last lines of its traceback (which, for
+    DDP ranks, carry a "[rank N] " prefix)."""
+    last = [line for line in stderr_tail if line.strip()][-3:]
+    return any(_REFUSED.search(line) for line in last)

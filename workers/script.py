@@ -34,6 +34,7 @@ from workers.blob_cache import BlobCache
 from workers.env_allowlist import inherited
 from workers.jobfiles import JobFiles
 from workers.loopback import LOOPBACK, one_box_env
+from workers.memory_limit import ran_out_in
 from workers.metrics_file import MetricsFile
 from workers.outcome import RunnerReport
 from workers.reporter import DbReports
@@ -142,6 +143,13 @@ def run(settings: Settings, fence: Fence, script: Script) -> RunnerReport:
         return RunnerReport(ok=False, preempted=f"the script {ended.how} after SIGTERM")
     if ended.ok:
         return RunnerReport(ok=True, result=metrics.final())
+    if ran_out_in(ended.tail):  # under its memory limit: the same spec would run out again
+        return _failed(
+            f"the script ran out of memory ({ended.how})",
+            ended.tail,
+            retryable=False,
+            code=ReasonCode.out_of_memory,
+        )
     return _failed(f"the script {ended.how}", ended.tail, retryable=True)
 
 
@@ -150,7 +158,9 @@ def _follow(metrics: MetricsFile, done: threading.Event) -> None:
         metrics.poll()
 
 
-def _failed(message: str, tail: list[str], *, retryable: bool) -> RunnerReport:
+def _failed(
+    message: str, tail: list[str], *, retryable: bool, code: ReasonCode = ReasonCode.error
+) -> RunnerReport:
     return RunnerReport(
         ok=False,
         error={
@@ -158,7 +168,7 @@ def _failed(message: str, tail: list[str], *, retryable: bool) -> RunnerReport:
             "message": message,
             "traceback": tail,
             "rank": None,
-            "code": ReasonCode.error,
+            "code": code,
             "retryable": retryable,
         },
     )

@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 from service.catalog import register_worker
 from service.models import Accelerator, JobStatus, Worker
 from service.reasons import ReasonCode
+from tests.scripts import put_package
 from tests.stack import RECIPES_DIR, running_stack, wait_for
 from workers.devices import Box
 from workers.memory_limit import MIN_PROCESS_BYTES, box_memory_bytes
@@ -120,6 +121,23 @@ def test_a_job_past_its_memory_fails_alone_and_for_good(tmp_path: Path) -> None:
             assert done["reason"]["code"] == "out_of_memory", done["reason"]
             assert done["attempt"] == 1  # not retried: the same spec would run out again
             assert "can't allocate memory" in done["error"]["message"]
+        # A script job runs under the same limit; its traceback's last line says it ran out.
+        code = tmp_path / "greedy"
+        code.mkdir()
+        (code / "greedy.py").write_text(
+            "import torch\nprint('asking for 3 GiB', flush=True)\n"
+            "torch.ones(3 * 2**30, dtype=torch.uint8)\n"
+        )
+        script = stack.submit(
+            code=put_package(stack.http, code, tmp_path),
+            entrypoint=["python", "greedy.py"],
+            accelerator="cpu",
+        )
+        done = stack.wait_status(script["id"], {"succeeded", "failed"})
+        assert done["status"] == "failed", done
+        assert done["reason"]["code"] == "out_of_memory", done["reason"]
+        assert done["attempt"] == 1
+        assert "can't allocate memory" in done["error"]["traceback"][-1]
         # The worker lives on and runs the next job; the API answers.
         assert worker.poll() is None
         nxt = stack.submit(recipe="mlp-classifier", devices=1, epochs=1)
