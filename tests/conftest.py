@@ -22,6 +22,15 @@ TESTS_DIR = Path(__file__).parent
 RECIPES_DIR = TESTS_DIR / "recipes_dir"
 
 
+@pytest.fixture(autouse=True)
+def no_gpu_unless_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked ``gpu`` runs as on a CPU box, on a GPU box too: the workers it
+    starts (and torch in this process) see no GPU, so its CPU slots are what it expects.
+    ``gpu`` tests see the box's GPUs (``tests/gpu/cuda.py``)."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """This run's PostgreSQL database (skipped where there is no server, unless required)."""

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from service.points import MetricPoint, ProgressPoint
+from tests.gpu.cuda import accelerators, gpu_uuids, in_fresh_process
 from workers import strategies, training
 from workers.jobfiles import MODEL_FILE
 from workers.recipes import load_recipes
@@ -66,17 +67,39 @@ class PointsFile:
         return [json.loads(line) for line in self.path.read_text().splitlines()]
 
 
-def test_single_dp_and_ddp_end_with_the_same_weights(tmp_path: Path) -> None:
-    results, weights = {}, {}
-    for strategy, devices in (("single", 1), ("dp", 1), ("ddp", 2)):
-        spec = spec_for(tmp_path, strategy, devices)
-        points = PointsFile(tmp_path / f"{strategy}.jsonl")
-        results[strategy] = strategies.run(spec, points)
-        weights[strategy] = load_file(Path(spec.job_dir) / MODEL_FILE)
+def trained(specs: list[RunSpec]) -> list[tuple[dict[str, float], set[str]]]:
+    """Each spec trained, in a fresh interpreter (on CUDA, as a runner does: this process
+    never touches CUDA; see ``tests/gpu/cuda.py``): its result, and the kinds of points rank
+    0 reported from where it ran (its own process for ddp)."""
+    return in_fresh_process(_train_each, specs)
+
+
+def _train_each(specs: list[RunSpec]) -> list[tuple[dict[str, float], set[str]]]:
+    done = []
+    for spec in specs:
+        points = PointsFile(Path(spec.job_dir).with_suffix(".points.jsonl"))
+        result = strategies.run(spec, points)
+        done.append((result, {str(p["kind"]) for p in points.read()}))
+    return done
+
+
+@pytest.mark.parametrize("accelerator", accelerators())
+def test_single_dp_and_ddp_end_with_the_same_weights(tmp_path: Path, accelerator: str) -> None:
+    # On CPU: dp on one slot, ddp on two. On CUDA: as many GPUs as the CPU run has slots,
+    # where the box has them (ddp with one GPU still runs NCCL and DDP's gradient hooks).
+    gpus = min(2, len(gpu_uuids())) if accelerator == "cuda" else 1
+    cases = {"single": 1, "dp": gpus, "ddp": 2 if accelerator == "cpu" else gpus}
+    specs = {
+        strategy: spec_for(tmp_path, strategy, devices, accelerator=accelerator)
+        for strategy, devices in cases.items()
+    }
+    results = {}
+    for strategy, (result, kinds) in zip(specs, trained(list(specs.values())), strict=True):
+        results[strategy] = result
         # Rank 0 reported progress and metrics from where it ran (its own process for
         # ddp), and the runner got its result back through the result file.
-        kinds = {p["kind"] for p in points.read()}
         assert kinds == {"MetricPoint", "ProgressPoint"}, strategy
+    weights = {s: load_file(Path(spec.job_dir) / MODEL_FILE) for s, spec in specs.items()}
     assert relative_difference(weights["single"], weights["dp"]) < 1e-4
     assert relative_difference(weights["single"], weights["ddp"]) < 1e-4
     # and they learned something (guards against "equal because nothing trained")
@@ -139,13 +162,15 @@ def test_preempted_mid_epoch_resumes_at_that_batch_with_the_same_weights(tmp_pat
     assert result["val/loss"] > 0
 
 
-def test_bf16_trains_under_autocast(tmp_path: Path) -> None:
+@pytest.mark.parametrize("accelerator", accelerators())
+def test_bf16_trains_under_autocast(tmp_path: Path, accelerator: str) -> None:
     # Only bf16 steps run inside an autocast context (fp32 steps skip it: it costs time).
-    fp32 = spec_for(tmp_path, "single", 1, job_dir=str(tmp_path / "fp32"))
+    fp32 = spec_for(tmp_path, "single", 1, job_dir=str(tmp_path / "fp32"), accelerator=accelerator)
     bf16 = replace(fp32, precision="bf16", job_dir=str(tmp_path / "bf16"))
-    results = {s.precision: strategies.run(s) for s in (fp32, bf16)}
+    (fp32_result, _), (bf16_result, _) = trained([fp32, bf16])
     weights = {s.precision: load_file(Path(s.job_dir) / MODEL_FILE) for s in (fp32, bf16)}
-    assert results["bf16"]["val/accuracy"] > 0.5  # it learned
+    assert bf16_result["val/accuracy"] > 0.5  # it learned
+    assert fp32_result["val/accuracy"] > 0.5
     # bf16 matmuls round differently: had autocast not been on, the weights would be equal
     assert relative_difference(weights["fp32"], weights["bf16"]) > 1e-4
 
