@@ -20,6 +20,7 @@ import pytest
 import torch
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 # A fresh interpreter's CUDA work in a test: the slowest (three strategies, three
 # epochs, the ranks' own start) takes well under a minute on one GPU.
 FRESH_PROCESS_TIMEOUT_S = 240.0
@@ -53,17 +54,24 @@ def why_no_cuda() -> str | None:
     return None
 
 
-def needs_cuda() -> list[pytest.MarkDecorator]:
+def cuda_marks() -> list[pytest.MarkDecorator]:
     """The marks of a test that needs a CUDA GPU: ``gpu``, and skipped, saying why, where
-    there is none (``pytestmark = needs_cuda()``, or the marks of one parameter)."""
+    there is none (``pytestmark = cuda_marks()``, or the marks of one parameter)."""
     why = why_no_cuda()
     return [pytest.mark.gpu, pytest.mark.skipif(why is not None, reason=why or "")]
 
 
+def needs_cuda(test: F) -> F:
+    """A test function marked with ``cuda_marks``."""
+    for mark in cuda_marks():
+        test = mark(test)
+    return test
+
+
 def accelerators() -> list[Any]:
-    """``cpu``, and ``cuda`` marked as ``needs_cuda``: the parameters of a test that runs
+    """``cpu``, and ``cuda`` with ``cuda_marks``: the parameters of a test that runs
     on both."""
-    return ["cpu", pytest.param("cuda", marks=needs_cuda())]
+    return ["cpu", pytest.param("cuda", marks=cuda_marks())]
 
 
 def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
