@@ -15,9 +15,12 @@ RUN useradd --create-home --uid 10001 trainyard \
     && chown trainyard:trainyard /data
 
 WORKDIR /app
-# Dependencies first, so code changes do not reinstall torch.
+# Dependencies first, so code changes do not reinstall torch. A box behind a mirror or a
+# proxy passes its pip config for the build only, as a secret (it may hold credentials,
+# and a secret is in no layer):  docker build --secret id=pip.conf,src=./pip.conf .
 COPY pyproject.toml README.md ./
-RUN mkdir service workers \
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
+    mkdir service workers \
     && touch service/__init__.py workers/__init__.py \
     && pip install . \
     && pip uninstall --yes trainyard
@@ -26,10 +29,12 @@ COPY migrations ./migrations
 COPY service ./service
 COPY workers ./workers
 # Editable: `trainyard migrate` finds migrations/ beside the packages.
-RUN pip install --no-deps -e .
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
+    pip install --no-deps -e .
 
 USER 10001
 EXPOSE 8000
+# The port the server listens on: 8000 unless TRAINYARD_PORT says (host networking).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('TRAINYARD_PORT', '8000'), timeout=4)"]
 CMD ["sh", "-c", "trainyard migrate && exec trainyard serve"]
