@@ -1,6 +1,7 @@
 """Trainyard against the bare script: steady-state samples/s, side by side, and wall time.
 
     python -m benchmarks.overhead [--repeats 2] [--turn 1.0]
+    python -m benchmarks.overhead --device cuda [--seconds 20]   # one GPU: single, dp, ddp
 
 Two bare scripts: the usual one (the DataLoader fetching sample by sample, as people write
 it) and the same script fetching whole batches as Trainyard's loop does. Against the first,
@@ -18,18 +19,27 @@ total steps over total time, and a 95% bootstrap interval of the ratio over thos
 Whole run: one after the other, alternating, ``--repeats`` times: the bare script's
 process from start to exit; Trainyard from submit to succeeded (the job's own timestamps),
 followed on its event stream meanwhile.
+
+On one GPU (``--device cuda``, ``one_device``): single, dp and ddp on that GPU, each
+against the bare script that wraps its model the same way (nothing, DataParallel, DDP over
+NCCL), batched fetch only, steady state only, over as many epochs as keep the bare script
+busy ``--seconds`` (timed from a short run of it alone). ``one_device("cpu")`` is the same
+on one CPU slot: what ``benchmarks.gpu_check`` rehearses on a box without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,23 +55,46 @@ EPOCHS, BATCH, HIDDEN, LAYERS, SAMPLES = 5, 256, 256, 3, 65536
 STEADY_EPOCHS = {1: 100, 2: 40}
 STEPS_PER_EPOCH = SAMPLES // BATCH
 FETCHES = ("per-sample", "batched")
+# One device: the bare script's epochs timed alone (the first warms up), and the fewest
+# epochs of a steady state (the first is left out).
+CALIBRATION_EPOCHS, MIN_STEADY_EPOCHS = 2, 3
 
 
-def _bare_command(world: int, fetch: str, epochs: int) -> list[str]:
+@dataclass(frozen=True)
+class Case:
+    """A Trainyard job and the bare script that trains the same way."""
+
+    strategy: str  # single, dp or ddp
+    world: int  # devices
+    device: str = "cpu"  # cpu or cuda
+
+    @property
+    def name(self) -> str:
+        return self.strategy if self.strategy == "single" else f"{self.strategy}({self.world})"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What its processes' environment adds: a CPU case sees no GPU, on a GPU box too."""
+        return {"CUDA_VISIBLE_DEVICES": ""} if self.device == "cpu" else {}
+
+
+def _bare_command(case: Case, fetch: str, epochs: int) -> list[str]:
+    wrap = "none" if case.strategy == "single" else case.strategy
     return [
-        sys.executable, "-m", "benchmarks.bare_ddp", "--world", str(world),
+        sys.executable, "-m", "benchmarks.bare_ddp", "--world", str(case.world),
         "--epochs", str(epochs), "--batch", str(BATCH), "--hidden", str(HIDDEN),
         "--layers", str(LAYERS), "--samples", str(SAMPLES), "--fetch", fetch,
+        "--device", case.device, "--wrap", wrap,
     ]  # fmt: skip
 
 
-def _submit(stack: Stack, world: int, epochs: int) -> int:
+def _submit(stack: Stack, case: Case, epochs: int) -> int:
     """The bare script's training as a Trainyard job."""
     job = stack.submit(
         recipe="mlp-regression",
-        strategy="ddp" if world > 1 else "single",
-        devices=world,
-        accelerator="cpu",
+        strategy=case.strategy,
+        devices=case.world,
+        accelerator=case.device,
         epochs=epochs,
         batch_size=BATCH,
         checkpoint_every=epochs,  # the bare script does not checkpoint either
@@ -70,22 +103,25 @@ def _submit(stack: Stack, world: int, epochs: int) -> int:
     return int(job["id"])
 
 
-def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
-    """Steady-state samples/s of Trainyard and both bare scripts, taking turns."""
+def steady_state(
+    case: Case, tmp: Path, turn_s: float, epochs: int, fetches: tuple[str, ...] = FETCHES
+) -> dict[str, Any]:
+    """Steady-state samples/s of Trainyard and the bare scripts (``fetches``), taking turns."""
+    world = case.world
     # A worker with one slot per job process, so each process gets the cores the bare
     # script's processes get.
     with running_stack(tmp, cpu_slots=world) as stack:
-        stack.start_worker()
+        stack.start_worker(env=case.env)
         # Their output to files, not pipes: nothing reads a pipe while they take turns, and
         # a script whose result outgrew the pipe's buffer would block, never finishing.
-        outputs = {fetch: tmp / f"bare-{fetch}.json" for fetch in FETCHES}
+        outputs = {fetch: tmp / f"bare-{fetch}.json" for fetch in fetches}
         scripts = {}
-        for fetch in FETCHES:
+        for fetch in fetches:
             with outputs[fetch].open("w") as out:
-                scripts[fetch] = subprocess.Popen(
-                    _bare_command(world, fetch, STEADY_EPOCHS[world]), cwd=REPO, stdout=out
-                )
-        job_id = _submit(stack, world, STEADY_EPOCHS[world])
+                command = _bare_command(case, fetch, epochs)
+                env = os.environ | case.env
+                scripts[fetch] = subprocess.Popen(command, cwd=REPO, stdout=out, env=env)
+        job_id = _submit(stack, case, epochs)
         runner = stack.runner_pgid(job_id)  # the group leader: it exits when training ends
         cpu: list[dict[int, float]] = []  # CPU seconds of Trainyard's processes, each turn
 
@@ -119,18 +155,21 @@ def steady_state(world: int, tmp: Path, turn_s: float) -> dict[str, Any]:
         for g in (trainyard, *bare)
     }
     like = paired_rounds(spans["trainyard"], spans["batched"])
-    usual = paired_rounds(spans["trainyard"], spans["per-sample"])
+    if not like:
+        raise RuntimeError("no turn in which both made progress past the first epoch: more epochs")
+    usual = paired_rounds(spans["trainyard"], spans["per-sample"]) if "per-sample" in spans else []
     low, high = bootstrap_interval(like)
-    return {
-        **service_cpu(cpu[0], cpu[-1], world),
-        "bare_samples_per_s": _rate(usual, 1),
-        "bare_batched_samples_per_s": _rate(like, 1),
-        "trainyard_samples_per_s": _rate(like, 0),
-        "ratio_vs_usual": _rate(usual, 0) / _rate(usual, 1),
-        "ratio_like_for_like": _rate(like, 0) / _rate(like, 1),
-        "like_for_like_95pct": [round(low, 3), round(high, 3)],
-        "rounds": len(like),
-    }
+    row: dict[str, Any] = service_cpu(cpu[0], cpu[-1], world)
+    if usual:
+        row["bare_samples_per_s"] = _rate(usual, 1)
+    row["bare_batched_samples_per_s"] = _rate(like, 1)
+    row["trainyard_samples_per_s"] = _rate(like, 0)
+    if usual:
+        row["ratio_vs_usual"] = _rate(usual, 0) / _rate(usual, 1)
+    row["ratio_like_for_like"] = _rate(like, 0) / _rate(like, 1)
+    row["like_for_like_95pct"] = [round(low, 3), round(high, 3)]
+    row["rounds"] = len(like)
+    return row
 
 
 def service_cpu(first: dict[int, float], last: dict[int, float], world: int) -> dict[str, Any]:
@@ -167,18 +206,47 @@ def bootstrap_interval(rounds: list[tuple[Span, Span]], draws: int = 2000) -> tu
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
-def bare_wall(world: int, fetch: str) -> float:
+def one_device(device: str, seconds: float, turn_s: float) -> list[dict[str, Any]]:
+    """single, dp and ddp on one device (``cuda``: one GPU; ``cpu``: one CPU slot), each
+    against the bare script that wraps its model the same way: steady state, taking turns,
+    each side training about ``seconds`` of its own turns."""
+    rows = []
+    for strategy in ("single", "dp", "ddp"):
+        case = Case(strategy, 1, device)
+        epochs = epochs_for(case, seconds)
+        with tempfile.TemporaryDirectory() as tmp:
+            steady = steady_state(case, Path(tmp), turn_s, epochs, fetches=("batched",))
+        rows.append({"strategy": f"{case.name} on {device}", "epochs": epochs, **steady})
+    return rows
+
+
+def epochs_for(case: Case, seconds: float) -> int:
+    """Epochs that keep the bare script (batched) busy about ``seconds``, from its own
+    last epoch's time in a short run alone."""
+    done = subprocess.run(
+        _bare_command(case, "batched", CALIBRATION_EPOCHS),
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        env=os.environ | case.env,
+    )
+    epoch_s = json.loads(done.stdout.decode().strip().splitlines()[-1])["epoch_times"][-1]
+    return max(MIN_STEADY_EPOCHS, math.ceil(seconds / epoch_s))
+
+
+def bare_wall(case: Case, fetch: str) -> float:
     """Seconds of the hand-written script, process start to exit."""
     start = time.perf_counter()
-    subprocess.run(_bare_command(world, fetch, EPOCHS), cwd=REPO, check=True, capture_output=True)
+    command = _bare_command(case, fetch, EPOCHS)
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True, env=os.environ | case.env)
     return time.perf_counter() - start
 
 
-def trainyard_wall(world: int, tmp: Path) -> float:
+def trainyard_wall(case: Case, tmp: Path) -> float:
     """Seconds of the same training as a Trainyard job, submit to succeeded."""
-    with running_stack(tmp, cpu_slots=world) as stack:
-        stack.start_worker()
-        job_id = _submit(stack, world, EPOCHS)
+    with running_stack(tmp, cpu_slots=case.world) as stack:
+        stack.start_worker(env=case.env)
+        job_id = _submit(stack, case, EPOCHS)
         # Follow the job's event stream until it ends, as `trainyard submit --follow` does:
         # polling the API every 50 ms took CPU from the very training being measured.
         stack.events(job_id)
@@ -192,18 +260,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=2, help="whole runs of each kind")
     parser.add_argument("--turn", type=float, default=1.0, help="seconds per turn")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU (one_device)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="cuda: each side's training time"
+    )
     args = parser.parse_args()
+    if args.device == "cuda":
+        on_gpu = one_device("cuda", args.seconds, args.turn)
+        print_table(f"overhead (one GPU; steady state in {args.turn:g} s turns)", on_gpu)
+        save("overhead_cuda", on_gpu)
+        return
     rows: list[dict[str, Any]] = []
-    for world in (1, 2):
+    for case in (Case("single", 1), Case("ddp", 2)):
+        world = case.world
         with tempfile.TemporaryDirectory() as tmp:
-            row = {"strategy": "ddp(2)" if world > 1 else "single"}
-            row.update(steady_state(world, Path(tmp), args.turn))
+            row = {"strategy": case.name}
+            row.update(steady_state(case, Path(tmp), args.turn, STEADY_EPOCHS[world]))
         walls: dict[str, list[float]] = {"per-sample": [], "batched": [], "trainyard": []}
         for _ in range(args.repeats):  # alternate, so drift in machine load hits all three
             for fetch in FETCHES:
-                walls[fetch].append(bare_wall(world, fetch))
+                walls[fetch].append(bare_wall(case, fetch))
             with tempfile.TemporaryDirectory() as tmp:
-                walls["trainyard"].append(trainyard_wall(world, Path(tmp)))
+                walls["trainyard"].append(trainyard_wall(case, Path(tmp)))
         wall = {k: statistics.median(v) for k, v in walls.items()}
         row.update({
             "bare_wall_s": wall["per-sample"], "bare_batched_wall_s": wall["batched"],
