@@ -1,0 +1,248 @@
+"""`make gpu-check`: what a new GPU box must pass, in one table (check, result, figure).
+
+    python -m benchmarks.gpu_check [--seconds 15] [--no-bench]
+    python -m benchmarks.gpu_check --rehearse [--seconds 2 --turn 0.5]   # the same, on CPU
+
+On a box with a CUDA GPU: the ``gpu``-marked tests (single, dp and ddp jobs on CUDA with
+NCCL, the strategy-invariance and bf16 tests on CUDA, a cancel with NVML's release check,
+a worker confined by ``CUDA_VISIBLE_DEVICES``, and any other ``gpu`` test), in one pytest
+run, then ``benchmarks.overhead``'s one-GPU mode (single, dp and ddp: samples/s against
+the bare script). About 7 minutes on one GPU. Exit 1 when a check failed, was skipped or
+matched no test; the table is also written to ``benchmarks/results/gpu_check.json``.
+
+Where there is no GPU (no NVIDIA device node, NVML sees none) it prints "no CUDA GPU:
+nothing to check" and exits 0, not 77 (automake's "skipped"): make reads any other status
+as a failure, and a CPU box or CI that runs every target has nothing wrong to report. A
+box with NVIDIA device nodes whose GPUs NVML or torch cannot use exits 1, saying why.
+
+``--rehearse`` runs the same code on a box without a GPU: the same pytest selection (its
+tests skip, each saying why; a check that matches no test fails), and the benchmark's
+one-device mode on one CPU slot. The tests in ``tests/gpu/test_gpu_check.py`` run it, so
+that a typo here is found before anyone has a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import overhead
+from benchmarks.common import print_table, save
+from tests.stack import REPO
+
+# The named checks and the tests each one is (node id prefixes); every other gpu-marked
+# test is reported in one more row. The issue's list: issue 17, item 3.
+CHECKS: dict[str, tuple[str, ...]] = {
+    "single, dp, ddp jobs on CUDA (NCCL)": (
+        "tests/gpu/test_cuda_jobs.py::test_single_dp_and_ddp_jobs_train_to_the_same_weights[cuda]",
+    ),
+    "strategy invariance on CUDA": (
+        "tests/workers/test_strategies.py::test_single_dp_and_ddp_end_with_the_same_weights[cuda]",
+    ),
+    "bf16 on CUDA": ("tests/workers/test_strategies.py::test_bf16_trains_under_autocast[cuda]",),
+    "cancel frees the GPU (NVML)": (
+        "tests/gpu/test_cuda_jobs.py::test_a_cancelled_ddp_job_has_left_its_gpu",
+    ),
+    "worker on CUDA_VISIBLE_DEVICES subset": ("tests/gpu/test_visible_devices.py::",),
+    "NVML lists a CUDA context": (
+        "tests/workers/test_gpu_release.py::test_nvml_lists_a_child_that_holds_a_cuda_context",
+    ),
+}
+OTHER = "other gpu tests"
+NOTHING_TO_CHECK = "no CUDA GPU: nothing to check"
+# The gpu tests take 3-4 minutes on one GPU; pytest's own per-test timeout is 300 s.
+PYTEST_TIMEOUT_S = 480
+# Each side's training in the benchmark's turns, per strategy (three strategies).
+BENCH_SECONDS = 15.0
+BENCH_TURN_S = 1.0
+FAILED, PASSED, SKIPPED, MISSING = "FAILED", "passed", "skipped", "MISSING"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One test's end, as pytest's JUnit XML says."""
+
+    nodeid: str
+    outcome: str  # passed, failed, error or skipped
+    seconds: float
+    message: str = ""
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    check: str
+    result: str
+    figure: str
+    failing: bool = field(default=False, repr=False)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"check": self.check, "result": self.result, "figure": self.figure}
+
+
+def gpu_names() -> list[str] | None:
+    """The GPUs NVML sees, by name; None where NVML cannot start (no driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        names = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else name)
+        return names
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def why_unusable(names: list[str] | None, nodes: list[str], torch_cuda: str | None) -> str | None:
+    """Why a box with NVIDIA hardware cannot be checked (None: it can)."""
+    if not names:
+        return f"NVIDIA device nodes {nodes} but NVML sees no GPU: is the driver loaded?"
+    if torch_cuda is None:
+        return f"NVML sees {names} but torch {torch.__version__} is a CPU build"
+    return None
+
+
+def run_gpu_tests(junit: Path, timeout_s: float = PYTEST_TIMEOUT_S) -> tuple[int, list[Outcome]]:
+    """Every gpu-marked test in one pytest run, serially (they share the GPU); pytest's
+    exit status and each test's outcome."""
+    command = [
+        sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q",
+        "-o", "junit_family=xunit1", f"--junitxml={junit}",
+    ]  # fmt: skip
+    try:
+        status = subprocess.run(command, cwd=REPO, timeout=timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        status = -1
+    return status, read_junit(junit) if junit.exists() else []
+
+
+def read_junit(path: Path) -> list[Outcome]:
+    """The outcomes in a JUnit XML file written with ``junit_family=xunit1`` (which names
+    each test's file, so its node id can be rebuilt)."""
+    found = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        file, name, where = case.get("file", ""), case.get("name", ""), case.get("classname", "")
+        module = file.removesuffix(".py").replace("/", ".")
+        inside = where.removeprefix(module + ".") if where.startswith(module + ".") else ""
+        nodeid = "::".join(p for p in (file or where, inside, name) if p)
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            if (child := case.find(tag)) is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                message = child.get("message", "")
+                break
+        found.append(Outcome(nodeid, outcome, float(case.get("time", 0)), message))
+    return found
+
+
+def check_rows(outcomes: list[Outcome], status: int, *, rehearsal: bool) -> list[Row]:
+    """A row per named check, one for every other gpu test, and one for pytest itself
+    when it ended in a way its tests do not show (a collection error, a timeout)."""
+    rows = []
+    claimed: set[str] = set()
+    for check, prefixes in CHECKS.items():
+        mine = [o for o in outcomes if o.nodeid.startswith(prefixes)]
+        claimed.update(o.nodeid for o in mine)
+        rows.append(verdict(check, mine, rehearsal=rehearsal))
+    others = [o for o in outcomes if o.nodeid not in claimed]
+    rows.append(verdict(OTHER, others, rehearsal=rehearsal, may_be_empty=True))
+    if status not in (0, 1):  # 1: some test failed, shown in its row
+        why = "timed out" if status < 0 else f"exited {status}"
+        rows.append(Row("pytest", FAILED, f"pytest -m gpu {why}", failing=True))
+    return rows
+
+
+def verdict(
+    check: str, outcomes: list[Outcome], *, rehearsal: bool, may_be_empty: bool = False
+) -> Row:
+    """A check's row: FAILED if a test failed; skipped if one skipped (a failure on a GPU
+    box, where each should run); MISSING if no test matched (a typo, or a renamed test)."""
+    if not outcomes:
+        if may_be_empty:
+            return Row(check, "none", "")
+        return Row(check, MISSING, "no gpu-marked test matched", failing=True)
+    seconds = sum(o.seconds for o in outcomes)
+    for o in outcomes:
+        if o.outcome in ("failed", "error"):
+            return Row(check, FAILED, f"{o.nodeid}: {o.message}"[:200], failing=True)
+    skipped = [o for o in outcomes if o.outcome == "skipped"]
+    if skipped:
+        reasons = sorted({o.message for o in skipped})
+        return Row(check, SKIPPED, "; ".join(reasons)[:200], failing=not rehearsal)
+    return Row(check, PASSED, f"{len(outcomes)} passed in {seconds:.0f} s")
+
+
+def bench_rows(device: str, seconds: float, turn_s: float) -> list[Row]:
+    """The overhead benchmark's one-device mode, a row per strategy."""
+    try:
+        measured = overhead.one_device(device, seconds, turn_s)
+    except Exception as exc:  # the table still comes out, with the reason
+        return [Row(f"overhead on {device}", FAILED, f"{type(exc).__name__}: {exc}", True)]
+    return [bench_row(m) for m in measured]
+
+
+def bench_row(m: dict[str, Any]) -> Row:
+    """One strategy's steady state as a row: its samples/s against the bare script's."""
+    low, high = m["like_for_like_95pct"]
+    figure = (
+        f"{m['trainyard_samples_per_s']:,.0f} vs bare {m['bare_batched_samples_per_s']:,.0f}"
+        f" samples/s: {m['ratio_like_for_like']:.3f}x ({low:.3f}-{high:.3f}, {m['rounds']}"
+        f" rounds); service CPU {m['service_cpu_pct_of_training']}%"
+    )
+    return Row(f"overhead {m['strategy']}", "measured", figure)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rehearse", action="store_true", help="the same path, on CPU")
+    parser.add_argument("--seconds", type=float, default=BENCH_SECONDS, help="benchmark length")
+    parser.add_argument("--turn", type=float, default=BENCH_TURN_S, help="benchmark turns")
+    parser.add_argument("--no-bench", action="store_true", help="the tests only")
+    args = parser.parse_args()
+    nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    names = gpu_names()
+    if not args.rehearse:
+        if not nodes and not names:
+            print(NOTHING_TO_CHECK)
+            return 0
+        if why := why_unusable(names, nodes, torch.version.cuda):
+            print(f"gpu-check: {why}")
+            return 1
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        status, outcomes = run_gpu_tests(Path(tmp) / "gpu.xml")
+    rows = check_rows(outcomes, status, rehearsal=args.rehearse)
+    if not args.no_bench:
+        device = "cpu" if args.rehearse else "cuda"
+        rows += bench_rows(device, args.seconds, args.turn)
+    minutes = (time.monotonic() - started) / 60
+    where = "rehearsal on CPU" if args.rehearse else f"{len(names or [])} x {(names or ['?'])[0]}"
+    print_table(f"gpu-check: {where}, torch {torch.__version__}, {minutes:.1f} min", [
+        r.as_dict() for r in rows
+    ])  # fmt: skip
+    if not args.rehearse:
+        save("gpu_check", {"gpus": names, "rows": [r.as_dict() for r in rows]})
+    failing = [r.check for r in rows if r.failing]
+    if failing:
+        print(f"\ngpu-check failed: {', '.join(failing)}")
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
