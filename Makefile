@@ -39,5 +39,11 @@ test: lint typecheck pytest
 bench: install
 	$(BIN)/python -m benchmarks
 
+# A new GPU box's check (README, "Checking a GPU box"): the gpu-marked tests and the
+# one-GPU overhead benchmark in one table, ~7 min; says so and exits 0 without a GPU.
+.PHONY: gpu-check
+gpu-check: install
+	$(BIN)/python -m benchmarks.gpu_check
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
