@@ -40,7 +40,7 @@ bench: install
 	$(BIN)/python -m benchmarks
 
 # A new GPU box's check (README, "Checking a GPU box"): the gpu-marked tests and the
-# one-GPU overhead benchmark in one table, ~7 min; says so and exits 0 without a GPU.
+# one-GPU overhead benchmark in one table (~5 min, estimated); exits 0 saying so without a GPU.
 .PHONY: gpu-check
 gpu-check: install
 	$(BIN)/python -m benchmarks.gpu_check

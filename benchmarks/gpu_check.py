@@ -7,8 +7,9 @@ On a box with a CUDA GPU: the ``gpu``-marked tests (single, dp and ddp jobs on C
 NCCL, the strategy-invariance and bf16 tests on CUDA, a cancel with NVML's release check,
 a worker confined by ``CUDA_VISIBLE_DEVICES``, and any other ``gpu`` test), in one pytest
 run, then ``benchmarks.overhead``'s one-GPU mode (single, dp and ddp: samples/s against
-the bare script). About 7 minutes on one GPU. Exit 1 when a check failed, was skipped or
-matched no test; the table is also written to ``benchmarks/results/gpu_check.json``.
+the bare script): about 5 minutes on one GPU, by estimate (not yet run on one). Exit 1
+when a check failed, was skipped or matched no test; the table is also written to
+``benchmarks/results/gpu_check.json``.
 
 Where there is no GPU (no NVIDIA device node, NVML sees none) it prints "no CUDA GPU:
 nothing to check" and exits 0, not 77 (automake's "skipped"): make reads any other status
