@@ -39,6 +39,11 @@ test: lint typecheck pytest
 bench: install
 	$(BIN)/python -m benchmarks
 
+# Builds the image and runs docker-compose.yml from it, for real (root: its own dockerd;
+# several minutes, so not in `make test`); skipped, saying why, where it cannot run.
+image-check: install
+	bash scripts/image_check.sh
+
 # A new GPU box's check (README, "Checking a GPU box"): the gpu-marked tests and the
 # one-GPU overhead benchmark in one table (~5 min, estimated); exits 0 saying so without a GPU.
 .PHONY: gpu-check
