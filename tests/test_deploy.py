@@ -1,4 +1,5 @@
-"""docker-compose.yml and Dockerfile, checked without a Docker engine (none runs here)."""
+"""docker-compose.yml and Dockerfile, checked without a Docker engine: `make image-check`
+(scripts/image_check.sh) builds the image and runs the stack for real, as root."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def compose() -> dict:  # type: ignore[type-arg]
     return yaml.safe_load((REPO / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """YAML as Compose reads an override: ``!reset`` drops what the file before it set."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: "!reset")
 
 
 def test_worker_reserves_gpus_and_shares_the_data_volume_with_the_api() -> None:
@@ -71,3 +79,46 @@ def test_postgres_profile_is_opt_in_and_the_services_wait_for_it() -> None:
         assert wait == {"condition": "service_healthy", "required": False}
         database = services[name]["environment"]["TRAINYARD_DATABASE_URL"]
         assert database == "${TRAINYARD_DATABASE_URL:-sqlite:////data/trainyard.db}"
+
+
+def test_the_cpu_override_only_swaps_the_gpus_and_takes_the_host_network() -> None:
+    """tests/deploy/compose.cpu.yml, what image_check.sh runs: no bridge network is made
+    (every service on the host's network, none publishing a port), no GPU reserved, and the
+    servers listen on loopback."""
+    override = yaml.load((REPO / "tests/deploy/compose.cpu.yml").read_text(), Loader=ComposeLoader)
+    assert set(override) == {"services"}  # no networks, volumes or images of its own
+    services = override["services"]
+    assert set(services) == set(compose()["services"])
+    for name, service in services.items():
+        assert service["network_mode"] == "host", name
+        assert "image" not in service and "build" not in service, name
+    assert services["api"]["ports"] == services["postgres"]["ports"] == "!reset"
+    assert services["worker"]["deploy"] == "!reset"
+    assert services["api"]["environment"]["TRAINYARD_HOST"] == "127.0.0.1"
+    assert "listen_addresses=127.0.0.1" in services["postgres"]["command"]
+
+
+def test_the_build_context_is_what_the_dockerfile_copies() -> None:
+    """.dockerignore lets in only the sources the Dockerfile copies: no .venv (1.5 GB),
+    data, .git or tests in the context, so none in the image."""
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    rules = [line for line in lines if line and not line.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {rule.removeprefix("!").rstrip("/") for rule in rules if rule.startswith("!")}
+    copied = {
+        source.rstrip("/")
+        for line in (REPO / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+        for source in line.split()[1:-1]
+    }
+    assert copied == allowed
+
+
+def test_the_dockerfile_names_nothing_of_a_build_machine() -> None:
+    """A mirror or proxy reaches pip as a build secret (image_check.sh passes this box's);
+    the Dockerfile stays generic: PyPI's torch, the CUDA build on a GPU box."""
+    text = (REPO / "Dockerfile").read_text()
+    assert text.count("--mount=type=secret,id=pip.conf,target=/etc/pip.conf") == 2
+    for local in ("/opt/", "+cpu", "index-url", "find-links", "trusted-host", "ARG "):
+        assert local not in text, local
+    assert "FROM python:3.11-slim-bookworm" in text
