@@ -72,8 +72,8 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: mp.SimpleQueue) 
     model: nn.Module = _regression_model(params).to(device)
     if wrap == "ddp":
         model = nn.parallel.DistributedDataParallel(model, device_ids=[rank] if cuda else None)
-    elif wrap == "dp":
-        model = nn.DataParallel(model, device_ids=[rank] if cuda else None)
+    elif wrap == "dp" and cuda:  # on CPU, as Trainyard's dp: the module itself
+        model = nn.DataParallel(model, device_ids=[rank])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sampler = DistributedSampler(train, num_replicas=args.world, rank=rank, seed=args.seed)
     local_batch = args.batch // args.world
@@ -103,7 +103,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, out: mp.SimpleQueue) 
                 step_times.append((step, time.time()))
         if rank == 0:
             with torch.no_grad():
-                m = model.module if wrap != "none" else model
+                m = getattr(model, "module", model)
                 x, y = val.tensors[0].to(device), val.tensors[1].to(device)
                 nn.functional.mse_loss(m(x), y).item()
         epoch_times.append(time.perf_counter() - start)

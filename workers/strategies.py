@@ -86,9 +86,10 @@ def wrapper(spec: RunSpec, device: torch.device) -> Callable[[nn.Module], nn.Mod
             return nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if cuda else None
             )
-        if spec.strategy == Strategy.dp:
-            # Without CUDA devices DataParallel is a pass-through wrapper around the module.
-            return nn.DataParallel(model, device_ids=list(range(spec.devices)) if cuda else None)
+        if spec.strategy == Strategy.dp and cuda:
+            return nn.DataParallel(model, device_ids=list(range(spec.devices)))
+        # dp on CPU trains the module itself: DataParallel is a pass-through on a box
+        # without CUDA, and on a box with it, it would move the module to a GPU.
         return model
 
     return wrap

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from service.points import MetricPoint, ProgressPoint
-from tests.gpu.cuda import accelerators, gpu_uuids, in_fresh_process
+from tests.gpu.cuda import accelerators, gpu_uuids, in_fresh_process, needs_cuda
 from workers import strategies, training
 from workers.jobfiles import MODEL_FILE
 from workers.recipes import load_recipes
@@ -106,6 +106,17 @@ def test_single_dp_and_ddp_end_with_the_same_weights(tmp_path: Path, accelerator
     assert results["single"]["val/accuracy"] > 0.5
     for name in ("val/loss", "train/epoch_loss", "val/accuracy"):
         assert results["ddp"][name] == pytest.approx(results["single"][name], rel=1e-4)
+
+
+@needs_cuda
+def test_cpu_jobs_on_a_gpu_box_train_on_the_cpu(tmp_path: Path) -> None:
+    """A worker with GPUs runs cpu jobs too, its runner seeing the GPUs the job holds: dp
+    must not take one (DataParallel would move the module to it)."""
+    single, dp = (spec_for(tmp_path, s, 1) for s in ("single", "dp"))
+    (single_result, _), (dp_result, _) = trained([single, dp])
+    weights = [load_file(Path(s.job_dir) / MODEL_FILE) for s in (single, dp)]
+    assert relative_difference(*weights) < 1e-6  # the same CPU arithmetic
+    assert dp_result["val/loss"] == pytest.approx(single_result["val/loss"], rel=1e-6)
 
 
 def test_saved_model_reproduces_the_reported_val_loss(tmp_path: Path) -> None:
