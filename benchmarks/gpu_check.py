@@ -92,22 +92,36 @@ class Row:
         return {"check": self.check, "result": self.result, "figure": self.figure}
 
 
-def gpu_names() -> list[str] | None:
-    """The GPUs NVML sees, by name; None where NVML cannot start (no driver)."""
+def gpu_names() -> tuple[list[str] | None, str | None]:
+    """The GPUs NVML sees, by name, and the driver's version; (None, None) where NVML
+    cannot start (no driver)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:
-        return None
+        return None, None
     try:
         names = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
             names.append(name.decode() if isinstance(name, bytes) else name)
-        return names
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return names, driver.decode() if isinstance(driver, bytes) else driver
     finally:
         pynvml.nvmlShutdown()
+
+
+def box_row(names: list[str] | None, driver: str | None, *, rehearsal: bool) -> Row:
+    """What was checked: the GPUs, the driver, torch and its CUDA."""
+    software = f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    if rehearsal:
+        return Row("GPUs, driver, torch", "rehearsal", f"no GPU used; {software}")
+    return Row(
+        "GPUs, driver, torch",
+        "found",
+        f"{len(names or [])} x {', '.join(sorted(set(names or [])))}; driver {driver}; {software}",
+    )
 
 
 def why_unusable(names: list[str] | None, nodes: list[str], torch_cuda: str | None) -> str | None:
@@ -217,7 +231,7 @@ def main() -> int:
     parser.add_argument("--no-bench", action="store_true", help="the tests only")
     args = parser.parse_args()
     nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
-    names = gpu_names()
+    names, driver = gpu_names()
     if not args.rehearse:
         if not nodes and not names:
             print(NOTHING_TO_CHECK)
@@ -228,17 +242,16 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         status, outcomes = run_gpu_tests(Path(tmp) / "gpu.xml")
-    rows = check_rows(outcomes, status, rehearsal=args.rehearse)
+    rows = [box_row(names, driver, rehearsal=args.rehearse)]
+    rows += check_rows(outcomes, status, rehearsal=args.rehearse)
     if not args.no_bench:
         device = "cpu" if args.rehearse else "cuda"
         rows += bench_rows(device, args.seconds, args.turn)
     minutes = (time.monotonic() - started) / 60
-    where = "rehearsal on CPU" if args.rehearse else f"{len(names or [])} x {(names or ['?'])[0]}"
-    print_table(f"gpu-check: {where}, torch {torch.__version__}, {minutes:.1f} min", [
-        r.as_dict() for r in rows
-    ])  # fmt: skip
+    where = "rehearsal on CPU" if args.rehearse else "this box's GPUs"
+    print_table(f"gpu-check: {where}, {minutes:.1f} min", [r.as_dict() for r in rows])
     if not args.rehearse:
-        save("gpu_check", {"gpus": names, "rows": [r.as_dict() for r in rows]})
+        save("gpu_check", {"gpus": names, "driver": driver, "rows": [r.as_dict() for r in rows]})
     failing = [r.check for r in rows if r.failing]
     if failing:
         print(f"\ngpu-check failed: {', '.join(failing)}")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import gpu_check
 from benchmarks.gpu_check import CHECKS, FAILED, MISSING, OTHER, PASSED, SKIPPED, Outcome
@@ -68,6 +69,8 @@ def test_a_failed_or_missing_check_fails_and_every_other_gpu_test_has_a_row() ->
     assert rows[OTHER].result == PASSED and not rows[OTHER].failing
     assert "pytest" not in rows  # status 1: the failure is in its row
     assert gpu_check.check_rows([], 2, rehearsal=True)[-1].result == FAILED  # collection error
+    box = gpu_check.box_row(["NVIDIA H200", "NVIDIA H200"], "580.65", rehearsal=False)
+    assert box.figure.startswith("2 x NVIDIA H200; driver 580.65; torch ") and not box.failing
 
 
 def test_junit_outcomes_become_node_ids(tmp_path: Path) -> None:
@@ -105,7 +108,11 @@ def test_the_rehearsal_takes_the_whole_path_and_prints_one_table() -> None:
     rows = {
         line[:at].strip(): (line[at:fig].strip(), line[fig:].strip()) for line in table[2:] if line
     }
-    assert list(rows)[: len(CHECKS) + 1] == [*CHECKS, OTHER]
+    assert list(rows)[: len(CHECKS) + 2] == ["GPUs, driver, torch", *CHECKS, OTHER]
+    assert rows["GPUs, driver, torch"] == (
+        "rehearsal",
+        f"no GPU used; torch {torch.__version__}, CUDA {torch.version.cuda}",
+    )
     for name in CHECKS:
         assert rows[name][0] == SKIPPED, rows
     for strategy in ("single", "dp(1)", "ddp(1)"):
