@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -75,6 +76,7 @@ def trained(specs: list[RunSpec]) -> list[tuple[dict[str, float], set[str]]]:
 
 
 def _train_each(specs: list[RunSpec]) -> list[tuple[dict[str, float], set[str]]]:
+    warnings.simplefilter("error")  # as in the test process (filterwarnings = error)
     done = []
     for spec in specs:
         points = PointsFile(Path(spec.job_dir).with_suffix(".points.jsonl"))
