@@ -59,6 +59,7 @@ def test_a_failed_or_missing_check_fails_and_every_other_gpu_test_has_a_row() ->
         Outcome("tests/gpu/test_visible_devices.py::test_x[index]", "passed", 20.0),
         Outcome("tests/gpu/test_visible_devices.py::test_x[uuid]", "passed", 21.0),
         Outcome("tests/gpu/test_sharing.py::test_two_jobs_share_a_gpu", "passed", 5.0),
+        Outcome("tests/gpu/test_sharing.py::test_on_two_gpus", "skipped", 0.0, "needs 2 GPUs"),
     ]
     rows = {r.check: r for r in gpu_check.check_rows(outcomes, 1, rehearsal=False)}
     failed = rows["strategy invariance on CUDA"]
@@ -66,7 +67,9 @@ def test_a_failed_or_missing_check_fails_and_every_other_gpu_test_has_a_row() ->
     subset = rows["worker on CUDA_VISIBLE_DEVICES subset"]
     assert (subset.result, subset.figure, subset.failing) == (PASSED, "2 passed in 41 s", False)
     assert rows["bf16 on CUDA"].result == MISSING and rows["bf16 on CUDA"].failing
-    assert rows[OTHER].result == PASSED and not rows[OTHER].failing
+    other = rows[OTHER]  # a test that needs more than this box has: shown, not failing
+    assert (other.result, other.figure) == (SKIPPED, "1 passed, 1 skipped: needs 2 GPUs")
+    assert not other.failing
     assert "pytest" not in rows  # status 1: the failure is in its row
     assert gpu_check.check_rows([], 2, rehearsal=True)[-1].result == FAILED  # collection error
     box = gpu_check.box_row(["NVIDIA H200", "NVIDIA H200"], "580.65", rehearsal=False)
