@@ -25,7 +25,10 @@ that a typo here is found before anyone has a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -140,10 +143,19 @@ def run_gpu_tests(junit: Path, timeout_s: float = PYTEST_TIMEOUT_S) -> tuple[int
         sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q",
         "-o", "junit_family=xunit1", f"--junitxml={junit}",
     ]  # fmt: skip
+    # In a session of its own: past the deadline, the servers and workers its tests
+    # started go with it (SIGTERM first: a worker then stops its jobs).
+    pytest = subprocess.Popen(command, cwd=REPO, start_new_session=True)
     try:
-        status = subprocess.run(command, cwd=REPO, timeout=timeout_s).returncode
+        status = pytest.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         status = -1
+        for sig, grace_s in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pytest.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                pytest.wait(timeout=grace_s)
+                break
     return status, read_junit(junit) if junit.exists() else []
 
 
@@ -179,7 +191,7 @@ def check_rows(outcomes: list[Outcome], status: int, *, rehearsal: bool) -> list
     # Another gpu test may need what this box lacks (two GPUs, say): its skip is shown.
     rows.append(verdict(OTHER, others, skip_fails=False, may_be_empty=True))
     if status not in (0, 1):  # 1: some test failed, shown in its row
-        why = "timed out" if status < 0 else f"exited {status}"
+        why = f"timed out after {PYTEST_TIMEOUT_S} s" if status < 0 else f"exited {status}"
         rows.append(Row("pytest", FAILED, f"pytest -m gpu {why}", failing=True))
     return rows
 

@@ -76,6 +76,14 @@ def test_a_failed_or_missing_check_fails_and_every_other_gpu_test_has_a_row() ->
     assert box.figure.startswith("2 x NVIDIA H200; driver 580.65; torch ") and not box.failing
 
 
+def test_a_pytest_run_past_its_deadline_is_ended_and_says_so(tmp_path: Path) -> None:
+    status, outcomes = gpu_check.run_gpu_tests(tmp_path / "gpu.xml", timeout_s=0.2)
+    assert (status, outcomes) == (-1, [])  # ended while it collected: no report
+    last = gpu_check.check_rows(outcomes, status, rehearsal=True)[-1]
+    assert (last.check, last.result, last.failing) == ("pytest", FAILED, True)
+    assert last.figure.startswith("pytest -m gpu timed out"), last
+
+
 def test_junit_outcomes_become_node_ids(tmp_path: Path) -> None:
     junit = tmp_path / "junit.xml"
     junit.write_text(
