@@ -56,7 +56,10 @@ stop_all() {
         for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
         kill -KILL "$pid" 2>/dev/null || true
     done
-    [ -z "$DOCKERD_PID" ] || say "engine stopped (pid $DOCKERD_PID)"
+    if [ -n "$DOCKERD_PID" ]; then
+        umount "$RUN/exec/netns/default" 2>/dev/null || true  # the engine leaves it mounted
+        say "engine stopped (pid $DOCKERD_PID)"
+    fi
     exit "$status"
 }
 trap stop_all EXIT
@@ -76,8 +79,10 @@ say "engine up: $("$DOCKER" info --format '{{.ServerVersion}}, storage {{.Driver
 
 # --- 3. Stand-ins for the official images, from Debian's packages (cached by tag) ------
 have() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
+size_mb() { echo $(( $("$DOCKER" image inspect --format '{{.Size}}' "$1") / 1000000 )); }
 standin() {  # standin TAG DOCKERFILE: build it unless an image of that name is here
     if have "$1"; then say "$1: present"; return; fi
+    local started; started=$(date +%s)
     if ! have trainyard-standin/debian:bookworm; then
         say "debootstrap bookworm (minbase) from $DEBIAN_MIRROR"
         rm -rf "$STATE/rootfs"
@@ -90,6 +95,7 @@ standin() {  # standin TAG DOCKERFILE: build it unless an image of that name is 
     say "$1: building the stand-in ($2)"
     "$DOCKER" build --quiet --network host --label trainyard.stand-in=true -t "$1" \
         -f "$REPO/tests/deploy/standins/$2" "$REPO/tests/deploy/standins" >/dev/null
+    say "$1: stand-in built in $(elapsed "$started") s, $(size_mb "$1") MB"
 }
 standin python:3.11-slim-bookworm python.Dockerfile
 standin postgres:17.6-bookworm postgres.Dockerfile
@@ -116,7 +122,6 @@ started=$(date +%s)
     || { tail -20 "$RUN/build.log"; exit 1; }
 BUILD_S=$(elapsed "$started")
 kill -TERM "$WHEELS_PID" && WHEELS_PID=""
-size_mb() { echo $(( $("$DOCKER" image inspect --format '{{.Size}}' "$1") / 1000000 )); }
 say "built $IMAGE in ${BUILD_S} s: $(size_mb "$IMAGE") MB ($(size_mb python:3.11-slim-bookworm) MB of it the base image)"
 # Lean, and nothing of this machine in it: no pip cache, no compiler, no pip config, no
 # file the .dockerignore keeps out.
