@@ -5,10 +5,12 @@
 # socket and data-root, without any bridge network (host networking only, so every
 # packet stays on loopback), and stops it at the end, whatever happened.
 #
-# Where an official base image cannot be pulled, a stand-in is built from Debian's
-# packages and tagged with the official name (tests/deploy/standins/); the Dockerfile
-# is built as it is, with this machine's pip packages (torch's CPU build) offered to it
-# on loopback through a pip config passed as a build secret.
+# Nothing is pulled from a registry: stand-ins for the official base images are built
+# from Debian's packages and tagged with their names (tests/deploy/standins/), unless
+# this engine has images of those names already. The Dockerfile is built as it is, with
+# the wheels this machine's pip picks (torch's CPU build) offered to it on loopback
+# through a pip config passed as a build secret; python3 here should be 3.11, as the
+# image's is, for the wheels to fit.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -75,6 +77,7 @@ for _ in $(seq 120); do
         skip "dockerd cannot run here (its log: $RUN/dockerd.log)"; }
     sleep 0.5
 done
+"$DOCKER" info >/dev/null 2>&1 || { say "dockerd did not answer in 60 s"; exit 1; }
 say "engine up: $("$DOCKER" info --format '{{.ServerVersion}}, storage {{.Driver}}')"
 
 # --- 3. Stand-ins for the official images, from Debian's packages (cached by tag) ------
