@@ -110,10 +110,12 @@ echo "$TORCH+cpu" >"$RUN/torch-cpu.txt"
 python3 -m pip download --quiet --dest "$STATE/wheels" --constraint "$RUN/torch-cpu.txt" \
     "$REPO" "setuptools>=68" >"$RUN/pip-download.log" 2>&1 \
     || { tail -5 "$RUN/pip-download.log"; exit 1; }
+rm -f "$RUN/wheels.log"  # here, not by the server's redirect: a last run's port is no port
 python3 -u -m http.server --bind 127.0.0.1 --directory "$STATE/wheels" 0 >"$RUN/wheels.log" 2>&1 &
 WHEELS_PID=$!
 for _ in $(seq 100); do grep -q ' port ' "$RUN/wheels.log" 2>/dev/null && break; sleep 0.1; done
 WHEELS_PORT=$(sed -n 's/.* port \([0-9]*\) .*/\1/p' "$RUN/wheels.log")
+[ -n "$WHEELS_PORT" ] || { say "the wheel server did not start"; exit 1; }
 printf '[global]\nno-index = true\nfind-links = http://127.0.0.1:%s/\n' "$WHEELS_PORT" \
     >"$RUN/pip.conf"
 
