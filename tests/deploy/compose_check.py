@@ -146,13 +146,19 @@ def check_sqlite(stack: Compose) -> None:
         assert weights and done["progress"]["step"] == done["progress"]["total_steps"]
         return f"job {job_id} succeeded; model.safetensors: {len(weights)} tensors"
 
+    def kept() -> tuple[Any, ...]:
+        artifacts = stack.http.get(f"/jobs/{job_id}/artifacts").json()
+        return stack.job(job_id), stack.logs(job_id), artifacts, stack.model(job_id)
+
     def restart() -> str:
-        before = (stack.job(job_id), stack.logs(job_id), stack.model(job_id))
+        before = kept()
         stack("down")  # containers removed; the named volume stays
         stack.up()
-        after = (stack.job(job_id), stack.logs(job_id), stack.model(job_id))
-        assert after == before, "the job, its logs or its model changed across down/up"
-        return f"down and up: job {job_id}, its {len(before[1])} log lines and model kept"
+        assert kept() == before, "the job, its logs or its artifacts changed across down/up"
+        return (
+            f"down and up: job {job_id}, its {len(before[1])} log lines and "
+            f"{len(before[2])} artifacts (model bytes compared) kept"
+        )
 
     def stop() -> str:
         running = stack.submit(LONG_JOB)
