@@ -127,6 +127,8 @@ started=$(date +%s)
     || { tail -20 "$RUN/build.log"; exit 1; }
 BUILD_S=$(elapsed "$started")
 kill -TERM "$WHEELS_PID" && WHEELS_PID=""
+# The last run's image, untagged now, and the build cache: 1.3 GB a run otherwise.
+"$DOCKER" image prune --force >/dev/null && "$DOCKER" builder prune --force >/dev/null
 say "built $IMAGE in ${BUILD_S} s: $(size_mb "$IMAGE") MB ($(size_mb python:3.11-slim-bookworm) MB of it the base image)"
 # Lean, and nothing of this machine in it: no pip cache, no compiler, no pip config, no
 # file the .dockerignore keeps out.
