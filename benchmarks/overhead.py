@@ -53,11 +53,13 @@ EPOCHS, BATCH, HIDDEN, LAYERS, SAMPLES = 5, 256, 256, 3, 65536
 # Epochs for the steady state: ~45 rounds of turns past the first epoch on a fast day
 # (146,000 samples/s batched, single), ~100 on a slow one.
 STEADY_EPOCHS = {1: 100, 2: 40}
-STEPS_PER_EPOCH = SAMPLES // BATCH
 FETCHES = ("per-sample", "batched")
 # One device: the bare script's epochs timed alone (the first warms up), and the fewest
-# epochs of a steady state (the first is left out).
-CALIBRATION_EPOCHS, MIN_STEADY_EPOCHS = 2, 3
+# epochs of a steady state (the first is left out). A turn lasts at least STEPS_PER_TURN
+# steps (a few of the points every 10 steps, however slow the box), and each side trains
+# at least MIN_TURNS turns.
+CALIBRATION_EPOCHS, MIN_STEADY_EPOCHS, STEPS_PER_TURN, MIN_TURNS = 2, 3, 50, 5
+ONE_DEVICE = ("single", "dp", "ddp")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Case:
     strategy: str  # single, dp or ddp
     world: int  # devices
     device: str = "cpu"  # cpu or cuda
+    samples: int = SAMPLES  # an epoch's
 
     @property
     def name(self) -> str:
@@ -83,7 +86,7 @@ def _bare_command(case: Case, fetch: str, epochs: int) -> list[str]:
     return [
         sys.executable, "-m", "benchmarks.bare_ddp", "--world", str(case.world),
         "--epochs", str(epochs), "--batch", str(BATCH), "--hidden", str(HIDDEN),
-        "--layers", str(LAYERS), "--samples", str(SAMPLES), "--fetch", fetch,
+        "--layers", str(LAYERS), "--samples", str(case.samples), "--fetch", fetch,
         "--device", case.device, "--wrap", wrap,
     ]  # fmt: skip
 
@@ -98,7 +101,7 @@ def _submit(stack: Stack, case: Case, epochs: int) -> int:
         epochs=epochs,
         batch_size=BATCH,
         checkpoint_every=epochs,  # the bare script does not checkpoint either
-        params={"hidden": HIDDEN, "layers": LAYERS, "train_samples": SAMPLES},
+        params={"hidden": HIDDEN, "layers": LAYERS, "train_samples": case.samples},
     )
     return int(job["id"])
 
@@ -112,6 +115,11 @@ def steady_state(
     # script's processes get.
     with running_stack(tmp, cpu_slots=world) as stack:
         stack.start_worker(env=case.env)
+        job_id = _submit(stack, case, epochs)
+        # Claimed once the worker's zygote is warm (seconds on a loaded box); the bare
+        # scripts start after it, so that none of them trains its epochs before the turns.
+        stack.wait_status(job_id, {"running", "succeeded", "failed"}, 120)
+        runner = stack.runner_pgid(job_id)  # the group leader: it exits when training ends
         # Their output to files, not pipes: nothing reads a pipe while they take turns, and
         # a script whose result outgrew the pipe's buffer would block, never finishing.
         outputs = {fetch: tmp / f"bare-{fetch}.json" for fetch in fetches}
@@ -121,8 +129,6 @@ def steady_state(
                 command = _bare_command(case, fetch, epochs)
                 env = os.environ | case.env
                 scripts[fetch] = subprocess.Popen(command, cwd=REPO, stdout=out, env=env)
-        job_id = _submit(stack, case, epochs)
-        runner = stack.runner_pgid(job_id)  # the group leader: it exits when training ends
         cpu: list[dict[int, float]] = []  # CPU seconds of Trainyard's processes, each turn
 
         def trainyard_done() -> bool:
@@ -151,12 +157,15 @@ def steady_state(
             points[fetch] = [tuple(p) for p in result["step_times"]]
 
     spans = {
-        g.name: progress_in_windows(points[g.name], g.windows, after_step=STEPS_PER_EPOCH)
+        g.name: progress_in_windows(points[g.name], g.windows, after_step=case.samples // BATCH)
         for g in (trainyard, *bare)
     }
     like = paired_rounds(spans["trainyard"], spans["batched"])
-    if not like:
-        raise RuntimeError("no turn in which both made progress past the first epoch: more epochs")
+    if not like or len(cpu) < 2:
+        raise NoSteadyState(
+            f"{len(like)} turns in which both trained past the first epoch, Trainyard "
+            f"{len(cpu) + 1} turns in all: more epochs, or a steadier box"
+        )
     usual = paired_rounds(spans["trainyard"], spans["per-sample"]) if "per-sample" in spans else []
     low, high = bootstrap_interval(like)
     row: dict[str, Any] = service_cpu(cpu[0], cpu[-1], world)
@@ -185,6 +194,11 @@ def service_cpu(first: dict[int, float], last: dict[int, float], world: int) -> 
 Span = tuple[int, float]  # (steps, seconds) of progress in one turn
 
 
+class NoSteadyState(RuntimeError):
+    """Nothing to compare: no turn in which both sides trained past their first epoch
+    (too few epochs for the turns, as when the box's speed changed after the timing run)."""
+
+
 def paired_rounds(a: list[Span | None], b: list[Span | None]) -> list[tuple[Span, Span]]:
     """The rounds in which both made measurable progress (the same stretch of time)."""
     return [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
@@ -206,23 +220,28 @@ def bootstrap_interval(rounds: list[tuple[Span, Span]], draws: int = 2000) -> tu
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
-def one_device(device: str, seconds: float, turn_s: float) -> list[dict[str, Any]]:
+def one_device(
+    device: str, seconds: float, turn_s: float, samples: int = SAMPLES
+) -> list[dict[str, Any]]:
     """single, dp and ddp on one device (``cuda``: one GPU; ``cpu``: one CPU slot), each
     against the bare script that wraps its model the same way: steady state, taking turns,
-    each side training about ``seconds`` of its own turns."""
-    rows = []
-    for strategy in ("single", "dp", "ddp"):
-        case = Case(strategy, 1, device)
-        epochs = epochs_for(case, seconds)
-        with tempfile.TemporaryDirectory() as tmp:
-            steady = steady_state(case, Path(tmp), turn_s, epochs, fetches=("batched",))
-        rows.append({"strategy": f"{case.name} on {device}", "epochs": epochs, **steady})
-    return rows
+    each side training about ``seconds`` of its own turns, ``samples`` an epoch."""
+    return [one_case(Case(s, 1, device, samples), seconds, turn_s) for s in ONE_DEVICE]
 
 
-def epochs_for(case: Case, seconds: float) -> int:
-    """Epochs that keep the bare script (batched) busy about ``seconds``, from its own
-    last epoch's time in a short run alone."""
+def one_case(case: Case, seconds: float, turn_s: float) -> dict[str, Any]:
+    """One of ``one_device``'s rows: this case's steady state against its bare script."""
+    epochs, turn = plan(case, seconds, turn_s)
+    with tempfile.TemporaryDirectory() as tmp:
+        steady = steady_state(case, Path(tmp), turn, epochs, fetches=("batched",))
+    name = f"{case.name} on {case.device}"
+    return {"strategy": name, "epochs": epochs, "turn_s": round(turn, 2), **steady}
+
+
+def plan(case: Case, seconds: float, turn_s: float) -> tuple[int, float]:
+    """Epochs and turn length for a steady state: turns of ``turn_s`` or STEPS_PER_TURN
+    steps, whichever is longer; each side training ``seconds`` or MIN_TURNS turns past its
+    first epoch. Timed from the bare script's last epoch in a short run of it alone."""
     done = subprocess.run(
         _bare_command(case, "batched", CALIBRATION_EPOCHS),
         cwd=REPO,
@@ -231,7 +250,9 @@ def epochs_for(case: Case, seconds: float) -> int:
         env=os.environ | case.env,
     )
     epoch_s = json.loads(done.stdout.decode().strip().splitlines()[-1])["epoch_times"][-1]
-    return max(MIN_STEADY_EPOCHS, math.ceil(seconds / epoch_s))
+    turn = max(turn_s, STEPS_PER_TURN * epoch_s / (case.samples // BATCH))
+    steady_s = max(seconds, MIN_TURNS * turn)
+    return max(MIN_STEADY_EPOCHS, 1 + math.ceil(steady_s / epoch_s)), turn
 
 
 def bare_wall(case: Case, fetch: str) -> float:

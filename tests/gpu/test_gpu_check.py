@@ -108,9 +108,9 @@ def test_junit_outcomes_become_node_ids(tmp_path: Path) -> None:
 @no_gpu_here
 @pytest.mark.slow
 def test_the_rehearsal_takes_the_whole_path_and_prints_one_table() -> None:
-    """The selection and the benchmark's one-device mode on one CPU slot (2 s a side:
-    a check of the path, not a figure)."""
-    done = check("--rehearse", "--seconds", "2", "--turn", "0.5")
+    """The selection and the benchmark's one-device mode on one CPU slot (2 s a side,
+    epochs of 32 steps: a check of the path, not a figure)."""
+    done = check("--rehearse", "--seconds", "2", "--turn", "0.25", "--samples", "8192")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = done.stdout[done.stdout.index("## gpu-check: rehearsal on CPU") :].splitlines()
     header = table[1]
@@ -128,6 +128,29 @@ def test_the_rehearsal_takes_the_whole_path_and_prints_one_table() -> None:
         assert rows[name][0] == SKIPPED, rows
     for strategy in ("single", "dp(1)", "ddp(1)"):
         result, figure = rows[f"overhead {strategy} on cpu"]
-        assert result == "measured", rows
-        speeds = re.match(r"([\d,]+) vs bare ([\d,]+) samples/s: ([\d.]+)x \(", figure)
-        assert speeds and all(float(v.replace(",", "")) > 0 for v in speeds.groups()), figure
+        # This box's speed swings with its other work: a rehearsal may measure nothing,
+        # and says so (on a GPU box that fails the check).
+        assert result in ("measured", "not measured"), rows
+        if result == "measured":
+            assert SPEEDS.match(figure), figure
+
+
+SPEEDS = re.compile(r"[\d,]+ vs bare [\d,]+ samples/s: [\d.]+x \([\d.]+-[\d.]+, \d+ rounds\)")
+
+
+def test_a_benchmark_row_says_both_speeds_and_their_ratio() -> None:
+    measured = {
+        "strategy": "ddp(1) on cuda",
+        "service_cpu_pct_of_training": 0.41,
+        "bare_batched_samples_per_s": 251234.7,
+        "trainyard_samples_per_s": 249876.1,
+        "ratio_like_for_like": 0.99459,
+        "like_for_like_95pct": [0.981, 1.007],
+        "rounds": 14,
+    }
+    row = gpu_check.bench_row(measured)
+    assert (row.check, row.result, row.failing) == ("overhead ddp(1) on cuda", "measured", False)
+    assert row.figure == (
+        "249,876 vs bare 251,235 samples/s: 0.995x (0.981-1.007, 14 rounds); service CPU 0.41%"
+    )
+    assert SPEEDS.match(row.figure)
