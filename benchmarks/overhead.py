@@ -77,8 +77,11 @@ class Case:
 
     @property
     def env(self) -> dict[str, str]:
-        """What its processes' environment adds: a CPU case sees no GPU, on a GPU box too."""
-        return {"CUDA_VISIBLE_DEVICES": ""} if self.device == "cpu" else {}
+        """What its processes' environment adds: a CPU case sees no GPU, on a GPU box too;
+        a CUDA case, Trainyard and the bare script alike, the box's first GPU (PCI order)."""
+        if self.device == "cpu":
+            return {"CUDA_VISIBLE_DEVICES": ""}
+        return {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _bare_command(case: Case, fetch: str, epochs: int) -> list[str]:
