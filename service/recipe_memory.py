@@ -54,6 +54,9 @@ def estimate(schema: dict[str, Any], params: dict[str, Any]) -> Estimate | None:
 
 def size(n_bytes: float) -> str:
     """1.5 GiB, 2.4 TiB: the figure people read."""
+    # A recipe's unbounded params can make an int no float holds: say "more than" then.
+    if n_bytes > 2**100:
+        return "more than 2^100 bytes"
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if n_bytes < 1024 or unit == "TiB":
             return f"{n_bytes:.1f} {unit}" if unit != "bytes" else f"{n_bytes:.0f} bytes"

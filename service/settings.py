@@ -33,9 +33,10 @@ class Settings(BaseSettings):
     )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         ["localhost", "127.0.0.1", "::1"],
-        description="Host names the API answers to, comma-separated; '*.example.com' matches "
-        "subdomains, '*' any. Other Host headers get 400: a web page that rebinds its own "
-        "name to this box's address (DNS rebinding) cannot reach the API.",
+        description="Host names the API answers to besides the loopback names (always "
+        "answered), comma-separated; '*.example.com' matches subdomains, '*' any. Other Host "
+        "headers get 400: a web page that rebinds its own name to this box's address (DNS "
+        "rebinding) cannot reach the API.",
     )
     metrics_open: bool = Field(
         False,
@@ -130,7 +131,9 @@ class Settings(BaseSettings):
     @classmethod
     def _split_hosts(cls, value: object) -> object:
         if isinstance(value, str):
-            return [h.strip().lower() for h in value.split(",") if h.strip()]
+            value = value.split(",")
+        if isinstance(value, list):  # as the Host header's name is compared: "[::1]" is ::1
+            return [str(h).strip().lower().strip("[]") for h in value if str(h).strip()]
         return value
 
     @field_validator("api_token")

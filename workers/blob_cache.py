@@ -38,7 +38,7 @@ class BlobCache:
         self.settings = settings
         self.local = BlobStore.from_settings(settings)
         self.root = (settings.cache_dir or settings.data_dir / "cache").resolve()
-        self.api_url = settings.api_url or f"http://{settings.host}:{settings.port}"
+        self.api_url = settings.api_url or f"http://{_reachable(settings.host)}:{settings.port}"
 
     def blob(self, digest: str) -> Path:
         """A path to the blob's bytes on this disk, fetched first if needed."""
@@ -96,3 +96,11 @@ class BlobCache:
             os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _reachable(host: str) -> str:
+    """An address to reach a server bound to ``host`` on this box: a wildcard bind
+    (0.0.0.0, ::) is not an address to connect to, and not a name the API answers to."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host

@@ -28,6 +28,9 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # A browser's own navigation ("none": typed, bookmarked) or the page's own origin. Not
 # "same-site": another port on localhost is the same site.
 TRUSTED_FETCH_SITES = frozenset({"same-origin", "none"})
+# After a 413 the rest of the body is not wanted: the server closes the connection
+# rather than reading and dropping it for as long as the client sends.
+CLOSE = {"Connection": "close"}
 MISSING_TOKEN = "missing or wrong token: send Authorization: Bearer <TRAINYARD_API_TOKEN>"
 
 # Scripts only from this origin (the dashboard and Swagger UI are served from it; a
@@ -74,9 +77,16 @@ def host_name(host_header: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+# Always answered to: a page that rebinds its own name to this box sends that name, never
+# one of these; and the container's healthcheck, a load balancer or Prometheus on the box
+# may ask by them whatever ALLOWED_HOSTS names.
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
 def host_allowed(name: str, allowed: list[str]) -> bool:
-    """``name`` matches an entry: the name itself, ``*.suffix``, or ``*`` (any)."""
-    return any(
+    """``name`` is a loopback name or matches an entry: the name itself, ``*.suffix``, or
+    ``*`` (any)."""
+    return name in LOOPBACK_NAMES or any(
         entry == "*" or entry == name or (entry.startswith("*.") and name.endswith(entry[1:]))
         for entry in allowed
     )
@@ -89,8 +99,11 @@ def cross_site(method: str, headers: Mapping[str, str]) -> str | None:
     if method in SAFE_METHODS:
         return None
     site = headers.get("sec-fetch-site")
-    if site is not None and site not in TRUSTED_FETCH_SITES:
-        return f"Sec-Fetch-Site: {site}"
+    if site is not None:
+        # The browser's own verdict, which a page cannot forge. It holds behind a proxy
+        # that rewrites Host, where comparing Origin with Host would refuse the dashboard.
+        return None if site in TRUSTED_FETCH_SITES else f"Sec-Fetch-Site: {site}"
+    # A browser from before Fetch Metadata (2020-2023): its Origin against our Host.
     origin = headers.get("origin")
     if origin is not None and urlsplit(origin).netloc.lower() != headers.get("host", "").lower():
         return f"Origin: {origin}"
@@ -168,7 +181,7 @@ async def _limited(app: Any, limit: int, scope: Scope, receive: Receive, send: S
         if message["type"] == "http.request":
             received += len(message.get("body", b""))
             if received > limit:
-                raise HTTPException(413, _too_large(limit))
+                raise HTTPException(413, _too_large(limit), headers=CLOSE)
         return message
 
     async def noting(message: Message) -> None:
@@ -214,7 +227,7 @@ def _too_large(limit: int) -> str:
 
 
 def _body_too_large(limit: int) -> JSONResponse:
-    return _error(413, _too_large(limit), {"Connection": "close"})
+    return _error(413, _too_large(limit), CLOSE)
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -354,3 +354,15 @@ def test_a_nul_in_a_failing_jobs_message_is_stored(engine: Engine) -> None:
     with read_session(engine) as session:
         job = store.get_job(session, fence.job_id)
     assert job.status == "failed" and job.reason_message == "RuntimeError: bad \ufffd byte"
+
+
+def test_a_checkpoints_point_that_is_no_longer_valid_is_dropped_on_resume() -> None:
+    """A checkpoint written before names were bounded may hold a 300-character metric
+    name: resuming drops that point (the database would refuse it) rather than failing
+    every attempt."""
+    from workers.training.checkpoint import _points
+
+    good = {"name": "train/loss", "step": 3, "epoch": 1, "value": 0.5, "time": 1.0}
+    saved = [good, {**good, "name": "x" * 300}]
+    points = _points(saved)
+    assert [(p.name, p.step) for p in points] == [("train/loss", 3)]

@@ -143,3 +143,12 @@ def test_a_job_past_its_memory_fails_alone_and_for_good(tmp_path: Path) -> None:
         nxt = stack.submit(recipe="mlp-classifier", devices=1, epochs=1)
         assert stack.wait_status(nxt["id"], {"succeeded", "failed"})["status"] == "succeeded"
         wait_for(lambda: stack.http.get("/workers").json()[0]["alive"], 10, "the worker alive")
+
+
+def test_an_estimate_past_any_float_is_still_said() -> None:
+    """A custom recipe's unbounded params can make an integer no float holds: the 422
+    must still be written (it was an OverflowError, a 500)."""
+    from service.recipe_memory import size
+
+    assert size(10**400) == "more than 2^100 bytes"
+    assert size(3 * 2**40) == "3.0 TiB"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -87,8 +88,21 @@ def resume(
         log.info("job %s: resuming from %s", spec.job_id, path.name)
         if rank != 0:  # the epoch's loss so far is carried by rank 0 alone
             at = Position(at.epoch, at.batch, at.step)
-        return at, [MetricPoint(**p) for p in state.get("metrics", [])]
+        return at, _points(state.get("metrics", []))
     return Position(), []
+
+
+def _points(saved: list[dict[str, Any]]) -> list[MetricPoint]:
+    """The unsent points a checkpoint kept, but those a point no longer allows (a name
+    past its column, from a checkpoint written before names were bounded): resuming must
+    not fail on them, and the database would refuse them anyway."""
+    points = []
+    for fields in saved:
+        try:
+            points.append(MetricPoint(**fields))
+        except ValueError:
+            log.warning("dropping a saved metric point that is no longer valid: %.80r", fields)
+    return points
 
 
 def save_model(spec: RunSpec, model: nn.Module) -> None:
