@@ -81,12 +81,19 @@ def make_engine(settings_or_url: Settings | str) -> Engine:
     return engine
 
 
+# The errors that mean "the database is not there now": the API answers them 503 with
+# Retry-After, and a write that failed with one is not the row's fault. OperationalError:
+# cannot connect, connection lost; InterfaceError: connection already closed;
+# InternalError: e.g. the server ended an idle-in-transaction session; PoolTimeout: no
+# pooled connection came free in time.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, InternalError, PoolTimeout)
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether a failed write failed for want of the database (down, unreachable, the
     connection lost or none free), not because it refused what was written: retrying
     the rows one by one then would only fail the same way, one wait after another."""
-    # The classes service/api/errors.py answers 503 for.
-    return isinstance(exc, OperationalError | InterfaceError | InternalError | PoolTimeout) or (
+    return isinstance(exc, DATABASE_UNAVAILABLE) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     )
 

@@ -32,7 +32,7 @@ class Settings(BaseSettings):
         f"(make one with: {MAKE_A_TOKEN}).",
     )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
-        ["localhost", "127.0.0.1", "::1"],
+        [],
         description="Host names the API answers to besides the loopback names (always "
         "answered), comma-separated; '*.example.com' matches subdomains, '*' any. Other Host "
         "headers get 400: a web page that rebinds its own name to this box's address (DNS "

@@ -24,6 +24,7 @@ from service.packages import PackageLimits, unpack
 from service.reasons import ReasonCode
 from service.settings import Settings
 from workers.errors import NotRetryable
+from workers.loopback import LOOPBACK
 
 log = logging.getLogger(__name__)
 
@@ -102,5 +103,5 @@ def _reachable(host: str) -> str:
     """An address to reach a server bound to ``host`` on this box: a wildcard bind
     (0.0.0.0, ::) is not an address to connect to, and not a name the API answers to."""
     if host in ("0.0.0.0", "::", ""):
-        return "127.0.0.1"
+        return LOOPBACK
     return f"[{host}]" if ":" in host else host

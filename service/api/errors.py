@@ -11,12 +11,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import iter_route_contexts
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import InterfaceError, InternalError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from service.artifacts import ArtifactNotFound
+from service.db import DATABASE_UNAVAILABLE
 from service.errors import (
     BlobDigestMismatch,
     BlobInUse,
@@ -105,10 +104,7 @@ def install_error_handlers(app: FastAPI) -> None:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
-    # OperationalError: cannot connect, connection lost; InterfaceError: connection already
-    # closed; InternalError: e.g. the server ended an idle-in-transaction session;
-    # PoolTimeout: no pooled connection came free in time.
-    for unavailable in (OperationalError, InterfaceError, InternalError, PoolTimeout):
+    for unavailable in DATABASE_UNAVAILABLE:
         app.add_exception_handler(unavailable, database_unavailable)
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -133,14 +133,20 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         send = _with_security_headers(send)
-        refusal = self._refusal(scope, _headers(scope))
+        headers = _headers(scope)
+        refusal = self._refusal(scope, headers)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
         if self.streamed(scope["method"], scope["path"]):
             await self.app(scope, receive, send)
             return
-        await _limited(self.app, self.settings.max_body_bytes, scope, receive, send)
+        limit = self.settings.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _body_too_large(limit)(scope, receive, send)
+            return
+        await _limited(self.app, limit, scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: Mapping[str, str]) -> JSONResponse | None:
         name = host_name(headers.get("host", ""))
@@ -157,13 +163,6 @@ class RequestGuard:
             self.settings.api_token, headers.get("authorization")
         ):
             return _error(401, MISSING_TOKEN, {"WWW-Authenticate": "Bearer"})
-        declared = headers.get("content-length")
-        if (
-            declared is not None
-            and not self.streamed(scope["method"], scope["path"])
-            and (not declared.isdigit() or int(declared) > self.settings.max_body_bytes)
-        ):
-            return _body_too_large(self.settings.max_body_bytes)
         return None
 
 
