@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from sqlalchemy import Engine, func, select, text
 
 from service import store
 from service.db import read_session, write_session
-from service.group_commit import committer
+from service.group_commit import GroupCommit, committer
 from service.models import Job, JobCreate
 from service.reasons import ReasonCode
 from service.store.submit import _insert_jobs, _row
@@ -47,20 +49,30 @@ def test_submits_awaited_on_an_event_loop_each_get_their_row(engine: Engine) -> 
     assert {row.id: row.seed for row in rows} == stored  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def first_batch_waiting(
+    engine: Engine, writer: GroupCommit, row: dict[str, Any]
+) -> Iterator[Future[Any]]:
+    """``row`` taken into the writer's batch, which waits for the write lock held here
+    until the block ends: what the block enqueues makes the writer's next batch."""
+    with write_session(engine) as session:
+        if engine.dialect.name == "postgresql":
+            session.execute(text("LOCK TABLE job IN EXCLUSIVE MODE"))
+        first = writer.enqueue(row)
+        deadline = time.monotonic() + 10
+        while not first.running() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert first.running()  # taken into a batch: it can no longer be cancelled
+        yield first
+
+
 def test_a_submit_cancelled_before_its_batch_is_never_written(engine: Engine) -> None:
     """A request whose client went away before its batch began is dropped; the writer
     carries on with the next."""
     writer = committer(engine, _insert_jobs)
     row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"))
     submits = []
-    with write_session(engine) as session:  # the write lock, so the writer's batch waits
-        if engine.dialect.name == "postgresql":
-            session.execute(text("LOCK TABLE job IN EXCLUSIVE MODE"))
-        first = writer.enqueue({**row, "seed": 0})
-        deadline = time.monotonic() + 10
-        while not first.running() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert first.running()  # taken into a batch: it can no longer be cancelled
+    with first_batch_waiting(engine, writer, {**row, "seed": 0}) as first:
         assert not first.cancel()
         submits.append(first)
         while True:  # once the writer waits for the lock, what comes next stays queued
@@ -96,14 +108,7 @@ def test_a_row_the_database_refuses_fails_only_its_own_submit(
         pytest.skip("SQLite stores a NUL")
     writer = committer(engine, _insert_jobs)
     row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"))
-    with write_session(engine) as session:  # the write lock: what follows makes one batch
-        if engine.dialect.name == "postgresql":
-            session.execute(text("LOCK TABLE job IN EXCLUSIVE MODE"))
-        first = writer.enqueue({**row, "seed": 0})
-        deadline = time.monotonic() + 10
-        while not first.running() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert first.running()
+    with first_batch_waiting(engine, writer, {**row, "seed": 0}) as first:
         good = [writer.enqueue({**row, "seed": i}) for i in range(1, 4)]
         bad = writer.enqueue({**row, **refused})
         good += [writer.enqueue({**row, "seed": i}) for i in range(4, 7)]
