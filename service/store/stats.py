@@ -34,8 +34,11 @@ def _seconds_between_postgresql(element: Any, compiler: SQLCompiler, **kw: Any) 
 
 @compiles(seconds_between, "sqlite")
 def _seconds_between_sqlite(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
+    # julianday() counts whole milliseconds, but as a day fraction near 2.46e6: the
+    # difference carries float noise (60 s came out as 60.00000004, past a 60 s bound).
+    # Rounding to the millisecond gives back the exact figure.
     start, end = (compiler.process(c, **kw) for c in element.clauses)
-    return f"((julianday({end}) - julianday({start})) * 86400.0)"
+    return f"ROUND((julianday({end}) - julianday({start})) * 86400.0, 3)"
 
 
 def jobs_by_status(session: Session) -> dict[str, int]:
