@@ -17,9 +17,11 @@ from service.errors import SpecInvalid
 from service.jobspec import (
     check_shape,
     is_script,
+    largest_share_gb,
     resolve_accelerator,
     served_accelerators,
     strategy_problem,
+    wants,
     world_size,
 )
 from service.models import (
@@ -217,9 +219,27 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
             f"asks for {spec.devices} devices; the largest worker ({largest.id}) has "
             f"{len(largest.devices)}",
         )
+    if spec.gpu_memory_gb is not None:
+        _check_share(spec.gpu_memory_gb, eligible)
     if spec.recipe is not None and spec.code is None:
         _check_memory(catalog, spec, eligible)
-    return (ReasonCode.queued, f"waiting for a worker with {spec.devices} free device(s)")
+    return (ReasonCode.queued, f"waiting for a worker with {wants(spec)}")
+
+
+def _check_share(share_gb: float, eligible: list[Worker]) -> None:
+    """Refuse a share of a GPU that no registered worker's GPUs could hold."""
+    gpus = [w for w in eligible if w.accelerator == Accelerator.cuda]
+    if not gpus:
+        raise SpecInvalid.at(
+            ("gpu_memory_gb",), "asks for part of a GPU; no registered worker has CUDA GPUs"
+        )
+    most = max(largest_share_gb(w.devices) for w in gpus)
+    if share_gb > most:
+        raise SpecInvalid.at(
+            ("gpu_memory_gb",),
+            f"asks for {share_gb:g} GiB of one GPU; the most any worker's GPU holds for a "
+            f"share is {most:.1f} GiB (its memory, less a CUDA context)",
+        )
 
 
 def _check_recipe(catalog: Catalog, recipe: str, params: dict[str, Any]) -> None:
@@ -270,6 +290,13 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
         w
         for w in alive
         if len(w.devices) >= job.devices
+        and (
+            job.gpu_memory_gb is None
+            or (
+                w.accelerator == Accelerator.cuda
+                and largest_share_gb(w.devices) >= job.gpu_memory_gb
+            )
+        )
         and (job.code is not None or any(r["name"] == job.recipe for r in w.recipes))
         and job.accelerator in served_accelerators(w.accelerator)
     ]
@@ -279,13 +306,14 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
     elif not able:
         code = ReasonCode.no_worker
         what = job.recipe if job.code is None else "jobs with their own code"
-        text = f"no running worker offers {what} on {job.devices} device(s)"
+        on = "a share of a GPU" if job.gpu_memory_gb is not None else f"{job.devices} device(s)"
+        text = f"no running worker offers {what} on {on}"
     elif job.run_after is not None and job.run_after > now:  # a requeue: shown after its why
         code = ReasonCode.queued
         text = f"retrying in {(job.run_after - now).total_seconds():.0f}s"
     else:
         ahead = f"{position - 1} job(s) ahead" if position > 1 else "next in line"
-        code, text = ReasonCode.queued, f"waiting for {job.devices} free device(s); {ahead}"
+        code, text = ReasonCode.queued, f"waiting for {wants(job)}; {ahead}"
     if job.reason_code is None or job.reason_code in WAITING:
         return Reason(code=code, message=text)
     # requeued: keep why (the failure, the lost worker) and add what it waits for now

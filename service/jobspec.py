@@ -8,9 +8,28 @@ claim's filter, the supervisor and the runner all ask here, so they cannot disag
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from service.errors import SpecInvalid
 from service.models import Accelerator, JobCreate, JobLike, Strategy
+
+# What a process's CUDA context holds on its GPU beside its allocator's memory (a few
+# hundred MiB with lazy module loading), counted with each share of a GPU
+# (gpu_memory_gb): a share caps the allocator, and the context comes on top.
+CUDA_CONTEXT_GB = 0.5
+
+
+def largest_share_gb(devices: list[dict[str, Any]]) -> float:
+    """The most GiB a job asking for part of a GPU could have on one of these (a worker's
+    ``devices``): the largest, idle, less one CUDA context. 0 with none."""
+    return max((d["memory_mb"] / 1024 - CUDA_CONTEXT_GB for d in devices), default=0.0)
+
+
+def wants(job: JobCreate | JobLike) -> str:
+    """What a queued job waits for, in words."""
+    if job.gpu_memory_gb is not None:
+        return f"{job.gpu_memory_gb:g} GiB free on one GPU"
+    return f"{job.devices} free device(s)"
 
 
 def resolve_strategy(strategy: Strategy | str, devices: int) -> Strategy:
@@ -87,10 +106,26 @@ def check_shape(spec: JobCreate) -> None:
     """Rules between a spec's fields that hold whatever the workers are."""
     if spec.strategy == Strategy.single and spec.devices != 1:
         raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")
+    if spec.gpu_memory_gb is not None:
+        _check_share(spec)
     if is_script(spec):
         _check_script(spec)
     else:
         _check_recipe(spec)
+
+
+def _check_share(spec: JobCreate) -> None:
+    """A share is part of one GPU: one device, on CUDA."""
+    if spec.devices != 1:
+        raise SpecInvalid.at(
+            ("devices",),
+            "gpu_memory_gb asks for part of one GPU: give devices: 1 (or leave "
+            "gpu_memory_gb out to hold whole GPUs)",
+        )
+    if spec.accelerator == Accelerator.cpu:
+        raise SpecInvalid.at(
+            ("accelerator",), "gpu_memory_gb is part of a GPU: use cuda or auto, not cpu"
+        )
 
 
 def _check_script(spec: JobCreate) -> None:

@@ -189,6 +189,15 @@ class JobBase(SQLModel):
         sa_type=EnumAsString(Accelerator),
         description="auto: cuda when the worker has GPUs.",
     )
+    gpu_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description="Part of one GPU instead of a whole one: GiB of its memory (with "
+        "devices: 1). Jobs asking for shares are packed onto GPUs by their free memory, "
+        "each one's allocator capped at what it asked; a job past its share fails with "
+        "an out-of-memory reason, not its neighbours.",
+    )
     epochs: int = Field(1, ge=1, le=100_000)
     batch_size: int = Field(
         64, ge=1, le=1_000_000, description="The global batch; ddp gives each rank batch/devices."
@@ -422,7 +431,11 @@ class WorkerRead(SQLModel):
     hostname: str
     pid: int
     accelerator: str
-    devices: list[dict[str, Any]]
+    devices: list[dict[str, Any]] = Field(
+        description="Each device: index, name, memory_mb; on GPUs also NVML's latest "
+        "sample (utilization_percent, memory_used_bytes, memory_total_bytes) and "
+        "job_memory_bytes: job id -> bytes its processes use there (jobs sharing a GPU)."
+    )
     alive: bool
     heartbeat_age_s: float
     running_jobs: dict[int, list[int]] = Field(description="job id -> device indices it holds")

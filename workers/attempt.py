@@ -57,6 +57,7 @@ class Attempt:
         self.job_id = claim.fence.job_id
         self.script = claim.script
         self.devices = devices
+        self.share_gb = claim.gpu_memory_gb  # of its one GPU; None: its devices whole
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the runner leads its own group
         self.started = time.monotonic()

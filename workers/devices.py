@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from service import jobspec
 from service.models import Accelerator
-from workers import gpu, memory_limit
+from workers import gpu, gpu_share, memory_limit
 
 if TYPE_CHECKING:
     from workers.attempt import Attempt
@@ -21,28 +23,57 @@ log = logging.getLogger(__name__)
 # GPU utilisation and memory, for /metrics: NVML's init costs milliseconds, so not on
 # every heartbeat.
 GPU_SAMPLE_EVERY_S = 5.0
+# The GPUs' free memory, for placing shares of a GPU: read at most this often (an idle
+# worker looks for a job every 50 ms). A share started since is in the bookkeeping.
+GPU_FREE_EVERY_S = 1.0
 
 
 @dataclass
 class Box:
     """This box's devices as the supervisor hands them out: which are free, their physical
     ids and NVML samples, when a finished attempt's GPUs may go to the next job, and a
-    job's memory budget on CPU slots."""
+    job's memory budget on CPU slots, and where shares of a GPU fit."""
 
     accelerator: Accelerator
     devices: list[dict[str, Any]]
     # Which pids hold a CUDA context on some GPUs (by physical id); replaceable in tests.
     gpu_pids: Callable[[list[str]], set[int] | None] = gpu.compute_pids
+    nvml: Any = None  # the pynvml module (None: import it); a stand-in in tests
     _sampled_at: float = field(default=float("-inf"), repr=False)
+    _free_read_at: float = field(default=float("-inf"), repr=False)
+    _free_bytes: dict[int, int] | None = field(default=None, repr=False)
 
     @classmethod
     def detect(cls, cpu_slots: int | None, memory_fraction: float) -> Box:
         return cls(*detect(cpu_slots, memory_fraction))
 
-    def free(self, busy: Iterable[int]) -> list[int]:
-        """Device indices no attempt holds, in order."""
-        held = set(busy)
-        return [d["index"] for d in self.devices if d["index"] not in held]
+    def offer(self, holdings: Iterable[gpu_share.Holding]) -> gpu_share.Offer:
+        """What a claim may take, given what the running attempts hold: the devices no
+        attempt holds, and on a box with GPUs each one's room for a share."""
+        cuda = self.accelerator == Accelerator.cuda
+        return gpu_share.offer(
+            self.devices, holdings, self._free_memory() if cuda else None, shareable=cuda
+        )
+
+    def largest_share_gb(self) -> float:
+        """The most GiB a job asking for part of a GPU could ever get here (0: no GPUs)."""
+        if self.accelerator != Accelerator.cuda:
+            return 0.0
+        return jobspec.largest_share_gb(self.devices)
+
+    def memory_mb(self, index: int) -> int:
+        return next(int(d["memory_mb"]) for d in self.devices if d["index"] == index)
+
+    def _free_memory(self) -> dict[int, int] | None:
+        """NVML's free bytes by device index, read at most every GPU_FREE_EVERY_S."""
+        now = time.monotonic()
+        if now - self._free_read_at >= GPU_FREE_EVERY_S:
+            self._free_read_at = now
+            ids = [d["physical_id"] for d in self.devices]
+            read = gpu.free_memory(ids, self.nvml)
+            indices = [d["index"] for d in self.devices]
+            self._free_bytes = None if read is None else dict(zip(indices, read, strict=True))
+        return self._free_bytes
 
     def physical(self, indices: Iterable[int]) -> list[str]:
         """The physical ids (see ``gpu_devices``) of these devices, for a runner's
@@ -61,13 +92,24 @@ class Box:
         slots_mb = [d["memory_mb"] for d in self.devices if d["index"] in held]
         return memory_limit.process_limit_bytes(slots_mb, processes)
 
-    def sample(self) -> list[dict[str, Any]] | None:
-        """The GPUs' utilisation and memory, at most every GPU_SAMPLE_EVERY_S; else None."""
+    def sample(self, jobs_by_pid: Mapping[int, int]) -> list[dict[str, Any]] | None:
+        """The GPUs' utilisation and memory, with the memory each job's processes use
+        there (``job_memory_bytes``, job id -> bytes; ``jobs_by_pid``: the pids of the
+        running attempts), at most every GPU_SAMPLE_EVERY_S; else None."""
         now = time.monotonic()
         if self.accelerator != Accelerator.cuda or now - self._sampled_at < GPU_SAMPLE_EVERY_S:
             return None
         self._sampled_at = now
-        return gpu.sample(self.devices)
+        sampled = gpu.sample(self.devices, self.nvml)
+        if sampled is None:
+            return None
+        for device in sampled:
+            by_job: dict[str, int] = defaultdict(int)
+            for pid, used in device.pop("process_memory_bytes").items():
+                if pid in jobs_by_pid:  # JSON's keys are text: the job id as text
+                    by_job[str(jobs_by_pid[pid])] += used
+            device["job_memory_bytes"] = dict(by_job)
+        return sampled
 
     def released(self, attempt: Attempt, now: float, grace_s: float) -> bool:
         """On CUDA, an attempt's devices go to the next job only once NVML lists none of its

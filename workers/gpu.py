@@ -95,20 +95,33 @@ def describe(physical_ids: list[str]) -> dict[str, object] | None:
     return _ask_nvml(f"describe GPUs {physical_ids}", read)
 
 
+def free_memory(physical_ids: list[str], nvml: Any = None) -> list[int] | None:
+    """Bytes of memory free on each of these GPUs; None without NVML."""
+
+    def read(nvml: Any) -> list[int]:
+        return [int(nvml.nvmlDeviceGetMemoryInfo(_handle(nvml, i)).free) for i in physical_ids]
+
+    return _ask_nvml(f"read the free memory of GPUs {physical_ids}", read, nvml)
+
+
 def sample(devices: list[dict[str, Any]], nvml: Any = None) -> list[dict[str, Any]] | None:
-    """The devices with their current utilisation and memory in use; None without NVML."""
+    """The devices with their current utilisation, memory in use, and the memory each
+    process with a CUDA context there uses (``process_memory_bytes``, pid -> bytes; a
+    driver that cannot tell says None, counted as 0); None without NVML."""
 
     def read(nvml: Any) -> list[dict[str, Any]]:
         sampled = []
         for device in devices:
             handle = _handle(nvml, device["physical_id"])
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             sampled.append(
                 {
                     **device,
                     "utilization_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
                     "memory_used_bytes": memory.used,
                     "memory_total_bytes": memory.total,
+                    "process_memory_bytes": {p.pid: p.usedGpuMemory or 0 for p in processes},
                 }
             )
         return sampled

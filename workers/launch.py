@@ -16,6 +16,7 @@ from service.settings import Settings
 from service.store import Claim
 from workers.attempt import Attempt, Process
 from workers.env_allowlist import inherited
+from workers.gpu_share import ALLOC_CONF, alloc_conf
 from workers.handoff import Handoff
 from workers.jobfiles import JobFiles
 from workers.zygote import Zygote, ZygoteProcess
@@ -94,11 +95,13 @@ class Launcher:
         claimed_at: float,
         gpus: list[str] | None = None,
         memory_limit: int | None = None,
+        gpu_memory_fraction: float | None = None,
         on_exit: Callable[[], None] | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
         ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
-        ``memory_limit``: bytes each of its processes may hold (``Box.memory_limit``)."""
+        ``memory_limit``: bytes each of its processes may hold (``Box.memory_limit``);
+        ``gpu_memory_fraction``: the part of its GPU a job sharing one may allocate."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         JobFiles.of(self.settings.data_dir, claim.fence.job_id).clear_attempt(claim.fence.attempt)
@@ -116,6 +119,8 @@ class Launcher:
         }
         if accelerator == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus or [])
+        if gpu_memory_fraction is not None:  # every process of the job reads it
+            env[ALLOC_CONF] = alloc_conf(env.get(ALLOC_CONF), gpu_memory_fraction)
         # The lease token and the settings (the database URL among them) go on stdin:
         # argv is anyone's to read (ps), the environment the job's code's.
         stdin = Handoff.of(claim.fence.lease_token, self.settings).pipe()

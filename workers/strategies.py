@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from service.models import Accelerator, Strategy
+from workers import gpu_share
 from workers.errors import describe
 from workers.jobfiles import write_atomic
 from workers.loopback import LOOPBACK, loopback_store, one_box_env
@@ -64,6 +65,8 @@ def run(
     torch.set_num_threads(spec.threads)
     cuda = spec.accelerator == Accelerator.cuda
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        gpu_share.cap_this_process(device)
     with _opened(reports) as sink:
         return Trainer(0, spec, recipe, params, device, sink, wrapper(spec, device)).train()
 
@@ -164,6 +167,7 @@ def _rank_main(
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        gpu_share.cap_this_process(device)
     os.environ.update(one_box_env())  # gloo's and NCCL's sockets on loopback, read at init
     store = dist.TCPStore(
         LOOPBACK,

@@ -28,6 +28,7 @@ from service.db import make_engine
 from service.models import Accelerator, JobStatus, Worker
 from service.settings import Settings
 from service.wakeup import JobListener, can_listen
+from workers import gpu_share
 from workers.attempt import Attempt
 from workers.devices import Box
 from workers.jobfiles import JobFiles
@@ -166,7 +167,7 @@ class Supervisor:
         """How long to sleep when nothing was claimed: the poll interval, unless busy, or
         idle and woken by notifications, when only a lost notification waits for the
         fallback."""
-        if self.attempts and not self._free_devices():
+        if self.attempts and not self._room_left():
             if any(a.exiting() for a in self.attempts.values()):
                 # Its pipes closed or its runner exited, but not every process is gone
                 # or reaped yet (or NVML still lists it): look again soon.
@@ -215,7 +216,8 @@ class Supervisor:
         )
 
     def _heartbeat(self) -> None:
-        catalog.worker_heartbeat(self.engine, self.worker_id, self.box.sample())
+        jobs_by_pid = {p: a.job_id for a in self.attempts.values() for p in a.pids_seen}
+        catalog.worker_heartbeat(self.engine, self.worker_id, self.box.sample(jobs_by_pid))
         self.leases.renew()
 
     def _supervise(self, now: float) -> None:
@@ -234,13 +236,15 @@ class Supervisor:
             # running and no heartbeat meanwhile. A warm worker may take the job instead;
             # this one is woken when its zygote is ready.
             return False
-        free = self._free_devices()
+        offer = self.box.offer(self._holdings())
         asked = time.monotonic()  # the lease starts no earlier than this
         claim = store.claim_job(
             self.engine,
             worker_id=self.worker_id,
-            free_devices=len(free),
+            free_devices=len(offer.whole),
             total_devices=len(self.box.devices),
+            gpu_room_gb=offer.largest_room_gb,
+            gpu_total_gb=self.box.largest_share_gb(),
             accelerator=self.box.accelerator,
             recipes=sorted(self.recipes),
             lease_s=self.settings.lease_s,
@@ -250,7 +254,14 @@ class Supervisor:
         if claim is None:
             return False
         fence = claim.fence
-        held = free[: claim.devices]
+        share = None  # the part of its GPU a job asking for a share may allocate
+        if claim.gpu_memory_gb is None:
+            held = offer.whole[: claim.devices]
+        else:  # it fits one of the rooms: the claim was offered the largest
+            device = gpu_share.place(offer.rooms, claim.gpu_memory_gb)
+            assert device is not None
+            held = [device]
+            share = gpu_share.fraction(claim.gpu_memory_gb, self.box.memory_mb(device))
         processes = jobspec.world_size(claim.strategy, claim.devices)
         threads = jobspec.threads_per_process(len(held), len(self.box.devices), processes)
         attempt = self.launcher.start(
@@ -261,13 +272,15 @@ class Supervisor:
             claimed_at=asked,
             gpus=self.box.physical(held),
             memory_limit=self.box.memory_limit(held, processes),
+            gpu_memory_fraction=share,
             on_exit=self._wake.set,
         )
         self.attempts[fence.job_id] = attempt
         store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
+        shared = "" if share is None else f" ({claim.gpu_memory_gb:g} GiB of it, shared)"
         attempt.note(
             f"attempt {fence.attempt} started on {self.worker_id}, "
-            f"{self.box.accelerator} devices {held}, runner pid {attempt.pgid}"
+            f"{self.box.accelerator} devices {held}{shared}, runner pid {attempt.pgid}"
         )
         log.info("job %s: claimed (attempt %d) on devices %s", fence.job_id, fence.attempt, held)
         return True
@@ -279,12 +292,19 @@ class Supervisor:
                 max_devices=len(self.box.devices),
                 accelerator=self.box.accelerator,
                 recipes=sorted(self.recipes),
+                gpu_total_gb=self.box.largest_share_gb(),
             )
             > 0
         )
 
-    def _free_devices(self) -> list[int]:
-        return self.box.free(d for a in self.attempts.values() for d in a.devices)
+    def _holdings(self) -> list[gpu_share.Holding]:
+        return [gpu_share.Holding(a.devices, a.share_gb) for a in self.attempts.values()]
+
+    def _room_left(self) -> bool:
+        """Whether a job could still start here: a device no attempt holds, or room on a
+        GPU for a share."""
+        offer = self.box.offer(self._holdings())
+        return bool(offer.whole) or offer.largest_room_gb > 0
 
     def _flush_logs(self) -> None:
         for attempt in self.attempts.values():

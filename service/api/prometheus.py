@@ -94,6 +94,18 @@ def _gpu_families(workers: Any) -> Iterator[GaugeMetricFamily]:
                     labels = [worker_id, str(device["index"]), str(device.get("name", ""))]
                     family.add_metric(labels, device[key])
         yield family
+    # Jobs sharing a GPU (gpu_memory_gb): what each one's processes use of it. A job
+    # label is bounded by the jobs running at once.
+    by_job = GaugeMetricFamily(
+        "trainyard_gpu_job_memory_used_bytes",
+        "GPU memory a running job's processes use, NVML.",
+        labels=["worker", "device", "job"],
+    )
+    for worker_id, _, worker_devices in workers:
+        for device in worker_devices:
+            for job_id, used in device.get("job_memory_bytes", {}).items():
+                by_job.add_metric([worker_id, str(device["index"]), job_id], used)
+    yield by_job
 
 
 class Instruments:

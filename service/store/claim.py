@@ -11,7 +11,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, bindparam, func, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, func, or_, select, update
 
 from service.db import read_session, statement_connection, write_session
 from service.jobspec import served_accelerators
@@ -31,17 +31,25 @@ class Claim(NamedTuple):
     strategy: Strategy
     timeout_s: int | None
     script: bool = False  # runs the user's entrypoint, not a recipe
+    gpu_memory_gb: float | None = None  # a share of one GPU, not whole ones
 
 
 # The claim's SQL, built once. A claim runs these prebuilt statements with fresh
 # parameters, which skips SQLAlchemy's statement construction.
 
 
-def _claimable(job: Any, devices: str, *, runnable: bool = True) -> list[Any]:
-    """What a queued job must meet for a worker to take it (``devices``: the param name)."""
+def _claimable(job: Any, devices: str, room: str, *, runnable: bool = True) -> list[Any]:
+    """What a queued job must meet for a worker to take it (``devices``, ``room``: the
+    names of the params saying how many whole devices, and how many GiB on one GPU)."""
     where = [
         queued(job),
-        job.c.devices <= bindparam(devices),
+        # Whole devices, or a share of one GPU (gpu_memory_gb): never both, so a shared
+        # GPU is never handed out whole, nor a whole one shared (the worker's room is 0
+        # on a box without GPUs).
+        or_(
+            and_(job.c.gpu_memory_gb.is_(None), job.c.devices <= bindparam(devices)),
+            job.c.gpu_memory_gb <= bindparam(room),
+        ),
         job.c.accelerator.in_(bindparam("accelerators", expanding=True)),
         # a recipe this worker has, or a job that brings its own code
         or_(job.c.recipe.in_(bindparam("recipes", expanding=True)), job.c.code.is_not(None)),
@@ -53,7 +61,13 @@ def _claimable(job: Any, devices: str, *, runnable: bool = True) -> list[Any]:
 
 # What a claim reads back besides the fence (each column costs: ~40 of them made a
 # third of a claim's time in the worker).
-_CLAIM_SPEC = (_job.c.devices, _job.c.strategy, _job.c.timeout_s, _job.c.recipe.is_(None))
+_CLAIM_SPEC = (
+    _job.c.devices,
+    _job.c.strategy,
+    _job.c.timeout_s,
+    _job.c.recipe.is_(None),
+    _job.c.gpu_memory_gb,
+)
 
 
 def _take_one() -> Any:
@@ -69,7 +83,7 @@ def _take_one() -> Any:
     candidate, oldest = _job.alias("candidate"), _job.alias("oldest")
     first = (
         select(oldest.c.id, oldest.c.created_at)
-        .where(*_claimable(oldest, "total"))
+        .where(*_claimable(oldest, "total", "gpu_total"))
         .order_by(oldest.c.id)
         .limit(1)
         .subquery("first")
@@ -78,7 +92,7 @@ def _take_one() -> Any:
     target = (
         select(candidate.c.id)
         .where(
-            *_claimable(candidate, "free"),
+            *_claimable(candidate, "free", "gpu_room"),
             candidate.c.id == func.coalesce(starving.scalar_subquery(), candidate.c.id),
         )
         .order_by(candidate.c.priority.desc(), candidate.c.id)
@@ -109,8 +123,12 @@ def _take_one() -> Any:
 
 _TAKE = _take_one()
 # An idle worker's poll mostly finds nothing: it looks (no lock) before it takes one.
-_ANY_FITS = select(_job.c.id).where(*_claimable(_job, "free")).limit(1)
-_PENDING = select(func.count()).select_from(_job).where(*_claimable(_job, "total", runnable=False))
+_ANY_FITS = select(_job.c.id).where(*_claimable(_job, "free", "gpu_room")).limit(1)
+_PENDING = (
+    select(func.count())
+    .select_from(_job)
+    .where(*_claimable(_job, "total", "gpu_total", runnable=False))
+)
 # Before any job could have waited this long: nothing counts as starving.
 _NEVER = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -121,6 +139,8 @@ def claim_job(
     worker_id: str,
     free_devices: int,
     total_devices: int | None = None,
+    gpu_room_gb: float = 0.0,
+    gpu_total_gb: float = 0.0,
     accelerator: str,
     recipes: list[str],
     lease_s: float,
@@ -129,16 +149,22 @@ def claim_job(
 ) -> Claim | None:
     """Atomically take the best queued job that fits, or None. Exactly one worker wins.
 
+    A job fits in ``free_devices`` whole devices, or, asking for a share of one GPU, in
+    ``gpu_room_gb`` (the most GiB a share could have on one of this worker's GPUs now;
+    ``gpu_total_gb``: on its largest GPU, idle).
+
     Best is highest priority, then oldest; a smaller job may overtake one that does not
     fit yet, unless that one has waited ``reserve_after_s``: then nothing else is claimed
     here until enough devices are free for it, so a large job cannot starve.
     """
-    if free_devices < 1:
+    if free_devices < 1 and gpu_room_gb <= 0:
         return None
     now = utcnow()
     params = {
         "free": free_devices,
         "total": total_devices or free_devices,
+        "gpu_room": gpu_room_gb,
+        "gpu_total": gpu_total_gb or gpu_room_gb,
         "accelerators": served_accelerators(accelerator),
         "recipes": recipes,
         "now": now,
@@ -162,14 +188,22 @@ def claim_job(
         ).one_or_none()  # exactly one row, or none: WHERE id = one id AND still queued
     if row is None:
         return None
-    job_id, attempt, token, devices, strategy, timeout_s, script = row
-    return Claim(Fence(job_id, attempt, token), devices, strategy, timeout_s, bool(script))
+    job_id, attempt, token, devices, strategy, timeout_s, script, share = row
+    return Claim(Fence(job_id, attempt, token), devices, strategy, timeout_s, bool(script), share)
 
 
-def pending_count(engine: Engine, *, max_devices: int, accelerator: str, recipes: list[str]) -> int:
+def pending_count(
+    engine: Engine,
+    *,
+    max_devices: int,
+    accelerator: str,
+    recipes: list[str],
+    gpu_total_gb: float = 0.0,
+) -> int:
     """Queued jobs this worker could ever run, including ones waiting out a retry back-off."""
     params = {
         "total": max_devices,
+        "gpu_total": gpu_total_gb,
         "accelerators": served_accelerators(accelerator),
         "recipes": recipes,
     }

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 
 from service.models import Accelerator, Strategy
 from service.store import Claim, Fence
+from tests.standin_nvml import GIB, StandInNvml
 from workers import gpu
 from workers.attempt import Attempt
 from workers.devices import Box, gpu_devices
@@ -31,60 +31,14 @@ JOB_PIDS = {301, 302}  # the attempt's processes, on physical GPUs 2 and 3
 NEIGHBOUR_PIDS = {101, 102}  # another worker's job, on physical GPUs 0 and 1
 
 
-@dataclass
-class Process:
-    pid: int
-
-
-@dataclass
-class Memory:
-    used: int
-    total: int
-
-
-@dataclass
-class Utilization:
-    gpu: int
-
-
-class FakeNvml:
-    """NVML on four GPUs in PCI order: GPU i has UUIDS[i]; 0 and 1 run a neighbour's job,
-    2 and 3 this attempt's ranks."""
-
-    running = {0: [101], 1: [102], 2: [301], 3: [302]}
-
-    def __init__(self) -> None:
-        self.asked: list[int] = []  # which GPUs were asked about their processes
-
-    def nvmlInit(self) -> None:
-        pass
-
-    def nvmlShutdown(self) -> None:
-        pass
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(UUIDS)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        if not 0 <= index < len(UUIDS):
-            raise ValueError(f"no GPU {index}")
-        return index
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
-        return UUIDS.index(uuid)
-
-    def nvmlDeviceGetUUID(self, handle: int) -> str:
-        return UUIDS[handle]
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Process]:
-        self.asked.append(handle)
-        return [Process(pid) for pid in self.running[handle]]
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Memory:
-        return Memory(used=handle * 2**30, total=80 * 2**30)  # GPU i uses i GiB
-
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Utilization:
-        return Utilization(gpu=10 * handle)
+def standin_nvml() -> StandInNvml:
+    """NVML on four GPUs in PCI order: GPU i has UUIDS[i] and uses i GiB; 0 and 1 run a
+    neighbour's job, 2 and 3 this attempt's ranks."""
+    return StandInNvml(
+        UUIDS,
+        running={0: [101], 1: [102], 2: [301], 3: [302]},
+        used={i: i * GIB for i in range(4)},
+    )
 
 
 class NoNvml:
@@ -119,7 +73,7 @@ def test_a_worker_confined_to_gpus_2_and_3_hands_out_and_watches_gpus_2_and_3(
     visible: str, attempt: Attempt
 ) -> None:
     """Indices, full UUIDs and UUID prefixes (CUDA accepts each) name the same GPUs."""
-    nvml = FakeNvml()
+    nvml = standin_nvml()
     devices = gpu_devices(found(2), visible, nvml=nvml)
     box = Box(Accelerator.cuda, devices, gpu_pids=partial(gpu.compute_pids, nvml=nvml))
     assert box.physical([0, 1]) == [UUIDS[2], UUIDS[3]]  # the runner's CUDA_VISIBLE_DEVICES
@@ -128,12 +82,12 @@ def test_a_worker_confined_to_gpus_2_and_3_hands_out_and_watches_gpus_2_and_3(
     assert not box.released(attempt, now=10.0, grace_s=5)
     assert sorted(set(nvml.asked)) == [2, 3]  # ... and GPUs 0 and 1 were never asked
     # ... and once they are gone, they are, whatever runs on GPUs 0 and 1.
-    nvml.running = {**FakeNvml.running, 2: [], 3: []}
+    nvml.running = {**nvml.running, 2: [], 3: []}
     assert box.released(attempt, now=11.0, grace_s=5)
 
 
 def test_the_samples_are_of_the_workers_own_gpus() -> None:
-    nvml = FakeNvml()
+    nvml = standin_nvml()
     sampled = gpu.sample(gpu_devices(found(2), "2,3", nvml=nvml), nvml=nvml)
     assert sampled is not None
     assert [(d["index"], d["memory_used_bytes"] // 2**30) for d in sampled] == [(0, 2), (1, 3)]
@@ -142,7 +96,7 @@ def test_the_samples_are_of_the_workers_own_gpus() -> None:
 
 def test_a_worker_with_every_gpu_hands_out_each_by_its_own_uuid(attempt: Attempt) -> None:
     """CUDA_VISIBLE_DEVICES unset: the worker's device i is the box's GPU i (PCI order)."""
-    nvml = FakeNvml()
+    nvml = standin_nvml()
     box = Box(Accelerator.cuda, gpu_devices(found(4), None, nvml=nvml))
     assert box.physical([0, 1, 2, 3]) == UUIDS
     assert box.physical([2, 3]) == [UUIDS[2], UUIDS[3]]
@@ -150,7 +104,7 @@ def test_a_worker_with_every_gpu_hands_out_each_by_its_own_uuid(attempt: Attempt
 
 def test_a_worker_that_sees_no_gpu_has_no_cuda_devices() -> None:
     """CUDA_VISIBLE_DEVICES empty: torch sees none, and nothing is made up."""
-    assert gpu_devices(found(0), "", nvml=FakeNvml()) == []
+    assert gpu_devices(found(0), "", nvml=standin_nvml()) == []
 
 
 def test_without_nvml_runners_get_the_workers_own_names_for_its_gpus() -> None:

@@ -19,6 +19,7 @@ from tests.stack import wait_for
 from workers import gpu
 from workers.attempt import Attempt
 from workers.devices import Box
+from workers.gpu_share import Holding
 
 
 def _gpus() -> int:
@@ -83,7 +84,7 @@ def test_the_box_asks_nvml_about_the_attempts_gpus_only_on_cuda(attempt: Attempt
     assert asked == [["GPU-a", "GPU-b"]]  # the attempt's own devices, by physical id
     cpu = Box(Accelerator.cpu, [{"index": 0}, {"index": 1}], gpu_pids=nvml_lists)
     assert cpu.released(attempt, now=10.0, grace_s=5) and len(asked) == 1
-    assert cuda.free([1]) == [0]
+    assert cuda.offer([Holding([1], None)]).whole == [0]
 
 
 # A CUDA context through the driver API itself, so a CPU build of torch does not matter.
