@@ -47,7 +47,7 @@ from benchmarks.common import print_table, save
 from tests.stack import REPO
 
 # The named checks and the tests each one is (node id prefixes); every other gpu-marked
-# test is reported in one more row. The issue's list: issue 17, item 3.
+# test is reported in one more row. The issue's list: issue 17, items 3 and 4.
 CHECKS: dict[str, tuple[str, ...]] = {
     "single, dp, ddp jobs on CUDA (NCCL)": (
         "tests/gpu/test_cuda_jobs.py::test_single_dp_and_ddp_jobs_train_to_the_same_weights[cuda]",
@@ -63,6 +63,7 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "NVML lists a CUDA context": (
         "tests/workers/test_gpu_release.py::test_nvml_lists_a_child_that_holds_a_cuda_context",
     ),
+    "small jobs share a GPU (gpu_memory_gb)": ("tests/gpu/test_gpu_shares.py::",),
 }
 OTHER = "other gpu tests"
 NOTHING_TO_CHECK = "no CUDA GPU: nothing to check"

@@ -69,12 +69,19 @@ def machine(accelerator: Accelerator | str, *, worker_id: str | None) -> dict[st
         # after this could not use it.
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "nccl": _nccl_version() if cuda else None,
         "gpus": gpu.describe(devices) if cuda else None,
         "hostname": platform.node(),
         "worker_id": worker_id,
         "packages_sha256": packages_hash(),
     }
+
+
+def _nccl_version() -> str | None:
+    """NCCL's version, where this build of torch has NCCL (not ROCm's or a CPU build)."""
+    if not torch.distributed.is_nccl_available():
+        return None
+    return ".".join(map(str, torch.cuda.nccl.version()))
 
 
 def write_spec(files: JobFiles, record: dict[str, Any]) -> None:
