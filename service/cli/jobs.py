@@ -69,6 +69,10 @@ def submit(
     strategy: Annotated[str | None, typer.Option()] = None,
     devices: Annotated[int | None, typer.Option()] = None,
     accelerator: Annotated[str | None, typer.Option()] = None,
+    gpu_memory_gb: Annotated[
+        float | None,
+        typer.Option(help="Share one GPU with other jobs: GiB of its memory (devices 1)."),
+    ] = None,
     epochs: Annotated[int | None, typer.Option()] = None,
     batch_size: Annotated[int | None, typer.Option()] = None,
     name: Annotated[str | None, typer.Option()] = None,
@@ -96,6 +100,7 @@ def submit(
         "strategy": strategy,
         "devices": devices,
         "accelerator": accelerator,
+        "gpu_memory_gb": gpu_memory_gb,
         "epochs": epochs,
         "batch_size": batch_size,
         "name": name,
