@@ -18,8 +18,8 @@ import { LogTail } from "./logtail.js";
 import { followEvents } from "./sse.js";
 
 const SPEC_FIELDS = (
-  "recipe strategy devices accelerator gpu_memory_gb epochs batch_size lr optimizer seed precision " +
-  "priority max_attempts timeout_s checkpoint_every"
+  "recipe strategy devices accelerator gpu_memory_gb epochs batch_size lr optimizer seed " +
+  "precision priority max_attempts timeout_s checkpoint_every"
 ).split(" ");
 // What a script job leaves to its own arguments.
 const RECIPE_ONLY = new Set("epochs batch_size lr optimizer precision checkpoint_every".split(" "));
