@@ -107,8 +107,8 @@ def test_a_job_past_its_memory_fails_alone_and_for_good(tmp_path: Path) -> None:
     with running_stack(tmp_path) as stack:
         worker = stack.start_worker(job_memory_fraction=fraction)
         [offered] = [w for w in stack.http.get("/workers").json() if w["id"] == "e2e"]
-        # (1023 or 1024: the fraction went through text)
-        assert [d["memory_mb"] // 8 for d in offered["devices"]] == [127, 127]
+        # 1023 or 1024: the fraction went through text
+        assert all(d["memory_mb"] in (1023, 1024) for d in offered["devices"]), offered
         features = 1024
         samples = int(0.6 * GIB / 4 / features)
         params = {"features": features, "train_samples": samples, "val_samples": 1024}

@@ -78,10 +78,13 @@ def test_the_box_asks_nvml_about_the_attempts_gpus_only_on_cuda(attempt: Attempt
         return {7}
 
     attempt.pids_seen.add(7)
-    gpus = [{"index": 0, "physical_id": "GPU-a"}, {"index": 1, "physical_id": "GPU-b"}]
+    gpus = [
+        {"index": i, "physical_id": f"GPU-{i}", "memory_mb": 81920, "kind": "cuda"}
+        for i in range(2)
+    ]
     cuda = Box(Accelerator.cuda, gpus, gpu_pids=nvml_lists)
     assert not cuda.released(attempt, now=10.0, grace_s=5)
-    assert asked == [["GPU-a", "GPU-b"]]  # the attempt's own devices, by physical id
+    assert asked == [["GPU-0", "GPU-1"]]  # the attempt's own devices, by physical id
     cpu = Box(Accelerator.cpu, [{"index": 0}, {"index": 1}], gpu_pids=nvml_lists)
     assert cpu.released(attempt, now=10.0, grace_s=5) and len(asked) == 1
     assert cuda.offer([Holding([1], None)]).whole == [0]
