@@ -69,6 +69,14 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# The user every request acts as without a token of a user's own: the bootstrap admin
+# token (TRAINYARD_API_TOKEN), or no token where the server has none (loopback only).
+BOOTSTRAP_USER = "admin"
+USER_NAME_MAX = 64
+# A user's fair-share score before any usage (service.fair_share): below every real one.
+NO_USAGE = -1e300
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Stores naive UTC (portable across SQLite and PostgreSQL), returns aware UTC."""
 
@@ -265,12 +273,18 @@ class Job(JobBase, table=True):
         # no planner statistics can make a claim walk past the jobs already taken.
         Index("ix_job_claim", desc(column("priority")), "id", **QUEUED_ONLY),
         Index("ix_job_queued_id", "id", **QUEUED_ONLY),
+        # Fair share's: each user's queue in the claim's order; and a user's jobs by
+        # status (their running devices, their queued count, "my jobs").
+        Index("ix_job_owner_claim", "owner", desc(column("priority")), "id", **QUEUED_ONLY),
+        Index("ix_job_owner_status", "owner", "status"),
         # The listing's (newest first, by status).
         Index("ix_job_status_id", "status", "id"),
         Index("ix_job_worker", "worker_id", "status"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
+    # Who submitted it (a user's name): set by the API from the request's token.
+    owner: str = Field(BOOTSTRAP_USER, max_length=USER_NAME_MAX)
     status: JobStatus = Field(JobStatus.queued, sa_type=EnumAsString(JobStatus))
     reason_code: str | None = Field(None, max_length=32)
     reason_message: str | None = Field(None, max_length=2000)
@@ -328,6 +342,7 @@ class JobRead(JobBase):
     # idempotency key) is a field here: from_row leaves them out.
 
     id: int
+    owner: str = Field(description="The user who submitted it.")
     status: JobStatus
     reason: Reason | None = None
     attempt: int
@@ -406,6 +421,50 @@ class LogLineRead(SQLModel):
     time: float
     stream: str
     text: str
+
+
+class User(SQLModel, table=True):
+    """Someone who submits jobs: their quotas and their fair-share usage."""
+
+    __tablename__ = "trainyard_user"  # "user" is a reserved word in PostgreSQL
+    __table_args__ = (Index("ix_user_usage", "usage_score", "name"),)
+
+    name: str = Field(primary_key=True, max_length=USER_NAME_MAX)
+    admin: bool = False
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Quotas of their own (None: the settings' defaults).
+    max_running_devices: int | None = None
+    max_queued_jobs: int | None = None
+    # Fair share: their decayed device-seconds, as a score the claim can order by without
+    # arithmetic (see service.fair_share); NO_USAGE until their first job ran.
+    usage_score: float = NO_USAGE
+
+
+class ApiToken(SQLModel, table=True):
+    """A user's API token: only its hash is kept; the prefix tells tokens apart."""
+
+    __tablename__ = "api_token"
+
+    id: int | None = Field(default=None, primary_key=True)
+    user_name: str = Field(foreign_key="trainyard_user.name", max_length=USER_NAME_MAX, index=True)
+    prefix: str = Field(max_length=16)
+    token_hash: str = Field(max_length=64, unique=True)  # sha256, hex
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    expires_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(None, sa_type=UTCDateTime)
+
+
+class AuditEvent(SQLModel, table=True):
+    """Who did what, when: submits, cancels, reruns, preemptions, tokens and users."""
+
+    __tablename__ = "audit_event"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    actor: str = Field(max_length=USER_NAME_MAX)
+    action: str = Field(max_length=32)
+    target: str = Field(max_length=200)
+    detail: dict[str, Any] | None = Field(None, sa_type=JSON)
 
 
 class Worker(SQLModel, table=True):

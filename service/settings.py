@@ -118,6 +118,24 @@ class Settings(BaseSettings):
         ge=0,
         description="A job queued this long reserves devices: no smaller job overtakes it.",
     )
+    fair_share_half_life_s: float = Field(
+        7 * 24 * 3600.0,
+        ge=60,
+        description="Fair share: a user's usage (device-seconds) counts half after this "
+        "long; the queue starts the jobs of the user with the least usage first.",
+    )
+    max_running_devices_per_user: int | None = Field(
+        None,
+        ge=1,
+        description="Devices one user's jobs may hold at once (a job past it waits, reason "
+        "quota); an admin may set a user's own. Default: no limit.",
+    )
+    max_queued_jobs_per_user: int | None = Field(
+        None,
+        ge=1,
+        description="Jobs one user may have queued (a submit past it is 429); an admin may "
+        "set a user's own. Default: no limit.",
+    )
     job_memory_fraction: float = Field(
         0.8,
         gt=0,
