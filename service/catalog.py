@@ -37,6 +37,7 @@ from service.models import (
     utcnow,
 )
 from service.reasons import WAITING, ReasonCode
+from service.store.queries import Standing
 
 # A worker whose heartbeat is older than this is shown as not alive.
 WORKER_ALIVE_S = 30.0
@@ -282,8 +283,11 @@ def _check_memory(catalog: Catalog, spec: JobCreate, eligible: list[Worker]) -> 
         )
 
 
-def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
-    """Why a queued job is still waiting, from the state of the workers and the queue."""
+def waiting_reason(
+    catalog: Catalog, job: JobLike, position: int, standing: Standing | None = None
+) -> Reason:
+    """Why a queued job is still waiting, from the state of the workers and the queue
+    (``standing``, where known: its owner's quota and the users served before them)."""
     now = utcnow()
     alive = catalog.alive()
     able = [
@@ -311,10 +315,38 @@ def waiting_reason(catalog: Catalog, job: JobLike, position: int) -> Reason:
     elif job.run_after is not None and job.run_after > now:  # a requeue: shown after its why
         code = ReasonCode.queued
         text = f"retrying in {(job.run_after - now).total_seconds():.0f}s"
+    elif standing is not None and _over_quota(job, standing):
+        code, text = ReasonCode.quota, _quota_text(job, standing)
     else:
-        ahead = f"{position - 1} job(s) ahead" if position > 1 else "next in line"
-        code, text = ReasonCode.queued, f"waiting for {wants(job)}; {ahead}"
+        code, text = (
+            ReasonCode.queued,
+            f"waiting for {wants(job)}; {_ahead_text(position, standing)}",
+        )
     if job.reason_code is None or job.reason_code in WAITING:
         return Reason(code=code, message=text)
     # requeued: keep why (the failure, the lost worker) and add what it waits for now
     return Reason(code=job.reason_code, message=f"{job.reason_message}; {text}")
+
+
+def _over_quota(job: JobLike, standing: Standing) -> bool:
+    limit = standing.max_running_devices
+    return limit is not None and standing.running_devices + job.devices > limit
+
+
+def _quota_text(job: JobLike, standing: Standing) -> str:
+    return (
+        f"waiting: {job.owner}'s jobs hold {standing.running_devices} of their "
+        f"{standing.max_running_devices} devices (quota); this one needs {job.devices}"
+    )
+
+
+def _ahead_text(position: int, standing: Standing | None) -> str:
+    """The jobs ahead of it, and how many are other users' served first (fair share)."""
+    if position <= 1:
+        return "next in line"
+    if standing is None or standing.behind_others == 0:
+        return f"{position - 1} job(s) ahead"
+    return (
+        f"behind other users' fair share: {position - 1} job(s) ahead, "
+        f"{standing.behind_others} of them of users with less recent usage"
+    )

@@ -12,6 +12,7 @@ class ReasonCode(StrEnum):
     # waiting
     queued = "queued"  # waiting for free devices; nothing went wrong
     no_worker = "no_worker"  # no registered (or running) worker can run it
+    quota = "quota"  # its owner's jobs already hold their running-devices quota
     # running
     running = "running"  # a worker claimed it and its runner trains
     cancelling = "cancelling"  # cancel asked; the worker is stopping it
@@ -40,4 +41,4 @@ class ReasonCode(StrEnum):
 
 # Codes a queued job shows as they are; any other code on a queued job says why it was
 # requeued, and the reason adds what it waits for now.
-WAITING = frozenset({ReasonCode.queued, ReasonCode.no_worker})
+WAITING = frozenset({ReasonCode.queued, ReasonCode.no_worker, ReasonCode.quota})

@@ -58,10 +58,12 @@ class Attempt:
         self.script = claim.script
         self.devices = devices
         self.share_gb = claim.gpu_memory_gb  # of its one GPU; None: its devices whole
+        self.owner = claim.owner  # charged for its devices' time (fair share)
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the runner leads its own group
         self.started = time.monotonic()
         self.timeout_s = claim.timeout_s
+        self.charged_until = self.started  # monotonic: its usage is charged up to here
         self.pids_seen: set[int] = set()  # every process of the group, for the GPU check
         # Reentrant: the supervisor's SIGTERM handler (stop -> request_stop) runs in the
         # loop's thread between two bytecodes, possibly while that thread holds it.
@@ -179,6 +181,15 @@ class Attempt:
         if step != self._last_step:
             self._last_step, self._last_advance = step, now
         return now - self._last_advance
+
+    # --- fair share ----------------------------------------------------------------
+
+    def uncharged(self, now: float) -> float:
+        """Device-seconds held since the last charge. A share of a GPU counts as one
+        device: fair share weighs the GPUs a job keeps from others, and a share keeps
+        others off its GPU's compute, if not all of its memory."""
+        devices = 1 if self.share_gb is not None else len(self.devices)
+        return devices * max(0.0, now - self.charged_until)
 
     # --- stopping ----------------------------------------------------------------
 

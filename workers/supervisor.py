@@ -6,8 +6,8 @@ kills escalate over ticks (SIGTERM, grace, SIGKILL) while other jobs keep their 
 How runners start is ``workers.launch``'s; the leases are ``workers.lease``'s; how an
 attempt ended is ``workers.outcome.decide``'s; an attempt's own state is
 ``workers.attempt``'s; the devices are ``workers.devices.Box``'s. What stays here is the
-loop and each of its steps (register, heartbeat, supervise, claim, relay logs, finish,
-shut down), kept together past the ~300 lines other modules keep so that one reading
+loop and each of its steps (register, heartbeat and usage charge, supervise, claim, relay
+logs, finish, shut down), kept together past the ~300 lines other modules keep so that one reading
 shows the whole order of a tick.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from service import catalog, jobspec, store
 from service.db import make_engine
-from service.models import Accelerator, JobStatus, Worker
+from service.models import Accelerator, JobStatus, Worker, utcnow
 from service.settings import Settings
 from service.wakeup import JobListener, can_listen
 from workers import gpu_share
@@ -219,6 +219,21 @@ class Supervisor:
         jobs_by_pid = {p: a.job_id for a in self.attempts.values() for p in a.pids_seen}
         catalog.worker_heartbeat(self.engine, self.worker_id, self.box.sample(jobs_by_pid))
         self.leases.renew()
+        self._charge(list(self.attempts.values()))
+
+    def _charge(self, attempts: list[Attempt]) -> None:
+        """Charge the attempts' owners the device-seconds since the last charge (fair
+        share), in one write; a failed one is charged in full next time."""
+        if not attempts:
+            return
+        now = time.monotonic()
+        charges: dict[str, float] = {}
+        for attempt in attempts:
+            charges[attempt.owner] = charges.get(attempt.owner, 0.0) + attempt.uncharged(now)
+        half_life_s = self.settings.fair_share_half_life_s
+        store.charge_usage(self.engine, charges, utcnow(), half_life_s)
+        for attempt in attempts:
+            attempt.charged_until = now
 
     def _supervise(self, now: float) -> None:
         for job_id, attempt in list(self.attempts.items()):
@@ -249,6 +264,7 @@ class Supervisor:
             recipes=sorted(self.recipes),
             lease_s=self.settings.lease_s,
             reserve_after_s=self.settings.reserve_after_s,
+            max_running_devices=self.settings.max_running_devices_per_user,
             peek=True,
         )
         if claim is None:
@@ -326,6 +342,8 @@ class Supervisor:
     def _finish(self, attempt: Attempt) -> bool:
         """Record how an attempt ended, after its last process and log line are gone."""
         attempt.join_pumps()
+        # Its devices were held until now, whoever's job it is by now.
+        self._charge([attempt])
         # Read once: the lease watchdog may mark the lease lost at any moment.
         stop = attempt.stop_reason
         if stop == StopReason.lease_lost:

@@ -8,6 +8,8 @@
 - ``queries``: reading jobs (one, a page, a queued job's place, a worker's).
 - ``telemetry``: progress and metric points, log lines and their bound, the
   environment record.
+- ``usage``: users' fair share and quotas: charging usage, running devices, queued
+  counts, the usage listing.
 - ``tables``: the Core tables and the queue predicate the partial indexes match.
 
 Callers use the names re-exported here (``store.claim_job``, ``store.Fence``).
@@ -15,11 +17,13 @@ Callers use the names re-exported here (``store.claim_job``, ``store.Fence``).
 
 from service.store.claim import Claim, Held, claim_job, pending_count, record_start, renew_lease
 from service.store.queries import (
+    Standing,
     active_jobs_of,
     get_job,
     list_jobs,
     load_job,
     queue_position,
+    queue_standing,
     spec_of,
 )
 from service.store.submit import create_job, enqueue_job
@@ -33,16 +37,20 @@ from service.store.transitions import (
     finish_attempt,
     release_attempt,
 )
+from service.store.usage import UserUsage, charge_usage, queued_count, usage_by_user
 
 __all__ = [
     "Claim",
     "Fence",
     "Held",
     "Outcome",
+    "Standing",
+    "UserUsage",
     "abandon_worker_jobs",
     "active_jobs_of",
     "append_logs",
     "cancel_job",
+    "charge_usage",
     "claim_job",
     "create_job",
     "enqueue_job",
@@ -53,10 +61,13 @@ __all__ = [
     "load_job",
     "pending_count",
     "queue_position",
+    "queue_standing",
+    "queued_count",
     "record_environment",
     "record_start",
     "release_attempt",
     "renew_lease",
     "report",
     "spec_of",
+    "usage_by_user",
 ]

@@ -8,6 +8,7 @@ queued job must meet to be taken (``_claimable``), the idle poll's look before i
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -15,11 +16,13 @@ from sqlalchemy import Engine, and_, bindparam, func, or_, select, update
 
 from service.db import read_session, statement_connection, write_session
 from service.jobspec import served_accelerators
-from service.models import Job, JobStatus, Strategy, utcnow
+from service.models import BOOTSTRAP_USER, Job, JobStatus, Strategy, utcnow
 from service.reasons import ReasonCode
 from service.store.tables import job_table as _job
 from service.store.tables import queued
 from service.store.transitions import NEXT_STATUS, Fence, fenced
+from service.store.usage import quota_limit, running_devices
+from service.store.usage import user_table as _user
 
 
 class Claim(NamedTuple):
@@ -32,6 +35,7 @@ class Claim(NamedTuple):
     timeout_s: int | None
     script: bool = False  # runs the user's entrypoint, not a recipe
     gpu_memory_gb: float | None = None  # a share of one GPU, not whole ones
+    owner: str = BOOTSTRAP_USER  # the user charged for its devices (fair share)
 
 
 # The claim's SQL, built once. A claim runs these prebuilt statements with fresh
@@ -67,39 +71,124 @@ _CLAIM_SPEC = (
     _job.c.timeout_s,
     _job.c.recipe.is_(None),
     _job.c.gpu_memory_gb,
+    _job.c.owner,
 )
+
+
+def _best_of(
+    user: Any,
+    name: str,
+    devices: str,
+    room: str,
+    also: Callable[[Any], Any] | None = None,
+    *,
+    oldest: bool = False,
+) -> Any:
+    """SQL: ``user``'s best queued job that fits (highest priority, then oldest; with
+    ``oldest``, oldest) within their running quota, or NULL: one probe of
+    ix_job_owner_claim (of ix_job_owner_status by id), correlated to ``user`` (``also``:
+    a further condition on the job)."""
+    job = _job.alias(name)
+    limit = quota_limit(user)
+    order = (job.c.id,) if oldest else (job.c.priority.desc(), job.c.id)
+    return (
+        select(job.c.id)
+        .where(
+            job.c.owner == user.c.name,
+            *_claimable(job, devices, room),
+            # The running quota: what the user's jobs hold now, and this job, within it.
+            or_(limit.is_(None), job.c.devices <= limit - running_devices(user.c.name)),
+            *([] if also is None else [also(job)]),
+        )
+        .order_by(*order)
+        .limit(1)
+        .correlate_except(job)
+    )
+
+
+# A bound on the users a claim walks that no box reaches (the subquery needs a LIMIT).
+_ALL_USERS = 1_000_000
+
+
+def _first_user(name: str, best_of: Callable[[Any], Any]) -> Any:
+    """SQL: the best job (``best_of(user)``, a probe correlated to the user) of the first
+    user, least usage first, who has one that fits.
+
+    The users are read in ix_user_usage's order in a subquery of their own (its LIMIT
+    keeps the planners from merging it into the probing query: SQLite would otherwise
+    probe every user and then sort) and probed in that order until one has a job:
+    usually the first. A user already at their running quota is passed over unprobed
+    (else the probe would walk their whole backlog)."""
+    ordered = (
+        select(_user.c.name, _user.c.usage_score, _user.c.max_running_devices)
+        .order_by(_user.c.usage_score, _user.c.name)
+        .limit(_ALL_USERS)
+        .subquery(name)
+    )
+    best = best_of(ordered)
+    limit = quota_limit(ordered)
+    has_room = or_(limit.is_(None), running_devices(ordered.c.name) < limit)
+    # No ORDER BY here: one would have SQLite probe every user, then sort. The rows come
+    # in the subquery's order (both databases read a subquery they cannot merge in its
+    # order, and the fair-share tests check it on both).
+    return select(best).where(has_room, best.is_not(None)).limit(1).scalar_subquery()
 
 
 def _take_one() -> Any:
     """The claim as one statement: UPDATE the best queued job that fits, if still queued.
 
-    Best is highest priority, then oldest. But when the job that has waited longest (the
-    oldest: ids grow with time) was created before ``starve_before``, only it may be taken:
-    if it does not fit the free devices, nothing is, and they stay free until it does.
-    FOR UPDATE SKIP LOCKED (PostgreSQL) passes over a row another worker is claiming
-    instead of queueing behind it; SQLite has no such clause and needs none, since its
-    IMMEDIATE transaction runs one claim at a time.
+    Best is fair share's: the job of the user with the least recent usage
+    (``trainyard_user.usage_score``, see service.fair_share) who has one that fits within
+    their running quota; among theirs, highest priority, then oldest. But when the oldest
+    job of the user fair share would serve first on an idle worker (the head user: the
+    first with a job that fits the worker's ``total``) was created before
+    ``starve_before``, only it may be taken: if it does not fit the free devices, nothing
+    is, and they stay free until it does. (The reservation is the head user's, not the
+    whole queue's oldest: a heavy user's backlog, however old, does not jump the order.)
+
+    FOR UPDATE SKIP LOCKED (PostgreSQL) passes over a job row another worker is claiming
+    instead of queueing behind it (it locks the job row the probe returns, not the
+    user's); SQLite has no such clause and needs none, since its IMMEDIATE transaction
+    runs one claim at a time. On PostgreSQL two claims at the same instant may each see
+    the other's job as not yet running: together they can pass a user's running quota,
+    by a job each, until the next claim counts them.
     """
-    candidate, oldest = _job.alias("candidate"), _job.alias("oldest")
-    first = (
-        select(oldest.c.id, oldest.c.created_at)
-        .where(*_claimable(oldest, "total", "gpu_total"))
-        .order_by(oldest.c.id)
-        .limit(1)
-        .subquery("first")
+    # The user fair share serves first on an idle worker (the head: the first with a job
+    # that fits the worker's ``total``) ...
+    head = _first_user(
+        "head_user", lambda user: _best_of(user, "head", "total", "gpu_total").scalar_subquery()
     )
-    starving = select(first.c.id).where(first.c.created_at < bindparam("starve_before"))
-    target = (
-        select(candidate.c.id)
-        .where(
-            *_claimable(candidate, "free", "gpu_room"),
-            candidate.c.id == func.coalesce(starving.scalar_subquery(), candidate.c.id),
-        )
-        .order_by(candidate.c.priority.desc(), candidate.c.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
+    head_job = _job.alias("head_job")
+    head_owner = select(head_job.c.owner).where(head_job.c.id == head).scalar_subquery()
+    # ... and their oldest such job, which reserves the devices once it has waited
+    # reserve_after_s. Looked for only when something queued is that old (the queue's
+    # oldest row, by ix_job_queued_id).
+    reserving = _user.alias("reserving")
+    their_oldest = _best_of(reserving, "aged", "total", "gpu_total", oldest=True)
+    oldest = _job.alias("oldest")
+    oldest_at = select(oldest.c.created_at).where(queued(oldest)).order_by(oldest.c.id).limit(1)
+    reserved = _job.alias("reserved")
+    starving = select(reserved.c.id).where(
+        oldest_at.scalar_subquery() < bindparam("starve_before"),
+        reserved.c.id
+        == select(their_oldest.scalar_subquery())
+        .where(reserving.c.name == head_owner)
+        .scalar_subquery(),
+        reserved.c.created_at < bindparam("starve_before"),
     )
+
+    def reservation(job: Any) -> Any:
+        reserved_id = starving.scalar_subquery()
+        # Spelled with OR, not "id = coalesce(reserved, id)": PostgreSQL takes that one
+        # for a selective term and sorts the user's whole backlog rather than read
+        # ix_job_owner_claim in order.
+        return or_(reserved_id.is_(None), job.c.id == reserved_id)
+
+    def candidate(user: Any) -> Any:
+        best = _best_of(user, "candidate", "free", "gpu_room", reservation)
+        return best.with_for_update(skip_locked=True).scalar_subquery()
+
+    target = _first_user("claimant", candidate)
     # The one status it may come from, ALLOWED_FROM[running], spelled as the partial
     # indexes' literal (a test checks that the two agree).
     return (
@@ -122,8 +211,12 @@ def _take_one() -> Any:
 
 
 _TAKE = _take_one()
-# An idle worker's poll mostly finds nothing: it looks (no lock) before it takes one.
-_ANY_FITS = select(_job.c.id).where(*_claimable(_job, "free", "gpu_room")).limit(1)
+# An idle worker's poll mostly finds nothing: it looks (no lock) before it takes one. It
+# looks as the claim does, quotas included: a queue whose jobs all wait on their owners'
+# quotas must not take the write lock at every poll.
+_ANY_FITS = select(
+    _first_user("fits_user", lambda u: _best_of(u, "fits", "free", "gpu_room").scalar_subquery())
+)
 _PENDING = (
     select(func.count())
     .select_from(_job)
@@ -145,6 +238,7 @@ def claim_job(
     recipes: list[str],
     lease_s: float,
     reserve_after_s: float | None = None,
+    max_running_devices: int | None = None,
     peek: bool = False,
 ) -> Claim | None:
     """Atomically take the best queued job that fits, or None. Exactly one worker wins.
@@ -156,6 +250,12 @@ def claim_job(
     Best is highest priority, then oldest; a smaller job may overtake one that does not
     fit yet, unless that one has waited ``reserve_after_s``: then nothing else is claimed
     here until enough devices are free for it, so a large job cannot starve.
+
+    Fair share comes first: the user with the least recent usage who has a job that fits
+    is served before the others, and a job whose owner's jobs already hold their running
+    quota (``trainyard_user.max_running_devices``, else ``max_running_devices``; None: no
+    limit) waits. The order is the users' at the last charge (the supervisors' heartbeats):
+    claims in between all see the same.
     """
     if free_devices < 1 and gpu_room_gb <= 0:
         return None
@@ -168,10 +268,11 @@ def claim_job(
         "accelerators": served_accelerators(accelerator),
         "recipes": recipes,
         "now": now,
+        "max_running": max_running_devices,
     }
     if peek:
         with engine.connect() as conn:
-            if conn.execute(_ANY_FITS, params).first() is None:
+            if conn.execute(_ANY_FITS, params).scalar() is None:
                 return None
     starve_before = _NEVER if reserve_after_s is None else now - timedelta(seconds=reserve_after_s)
     with statement_connection(engine) as conn:  # Core: an ORM session costs ~0.3 ms here
@@ -188,8 +289,9 @@ def claim_job(
         ).one_or_none()  # exactly one row, or none: WHERE id = one id AND still queued
     if row is None:
         return None
-    job_id, attempt, token, devices, strategy, timeout_s, script, share = row
-    return Claim(Fence(job_id, attempt, token), devices, strategy, timeout_s, bool(script), share)
+    job_id, attempt, token, devices, strategy, timeout_s, script, share, owner = row
+    fence = Fence(job_id, attempt, token)
+    return Claim(fence, devices, strategy, timeout_s, bool(script), share, owner)
 
 
 def pending_count(

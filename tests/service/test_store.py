@@ -120,10 +120,22 @@ def test_claim_reads_only_the_queue_indexes(engine: Engine) -> None:
     for _ in range(1000):
         assert claim(engine) is not None
     plan = _claim_plan(engine)
-    for table in ("candidate", "oldest"):  # the best queued job; the oldest (starvation)
-        [line] = [line for line in plan.splitlines() if line.endswith(f" {table}")
-                  or f" {table} " in line]  # fmt: skip
-        assert re.search(r"ix_job_(claim|queued_id|status_id)\b", line), plan
+    # Every read of the job table goes through an index: the user's best job (candidate)
+    # and the head of fair share (head) through ix_job_owner_claim, the queue's oldest
+    # row through a queue index; the users in ix_user_usage's order.
+    assert "Seq Scan on job" not in plan and "TEMP B-TREE" not in plan, plan
+    assert not re.search(r"SCAN (candidate|head|oldest)\b", plan), plan
+    assert re.search(r"ix_user_usage", plan), plan
+    for table in ("candidate", "head"):
+        assert re.search(rf"(SEARCH|on job) {table}\b.*|ix_job_owner_claim", plan), plan
+    if engine.dialect.name == "sqlite":
+        for line in plan.splitlines():
+            # (held: the owner's running devices, read only under a quota; see
+            # store.usage.running_devices)
+            if re.search(r"\b(candidate|head|oldest)\b", line):
+                assert re.search(
+                    r"ix_job_(owner_claim|owner_status|queued_id|status_id)\b", line
+                ), plan
 
 
 def test_queue_position_counts_only_the_jobs_ahead(engine: Engine) -> None:
@@ -158,9 +170,9 @@ def test_queue_position_counts_only_the_jobs_ahead(engine: Engine) -> None:
     for statement, params in sent:
         plan = _plan(engine, statement, params)
         reads = [line for line in plan.splitlines() if " job " in f"{line} "]
-        assert len(reads) == 2, plan
+        assert len(reads) == 3, plan  # its owner's two ranges, and each user's ahead
         for line in reads:
-            assert re.search(r"ix_job_(claim|queued_id)\b", line), (statement, plan)
+            assert re.search(r"ix_job_owner_(claim|status)\b", line), (statement, plan)
 
 
 def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
