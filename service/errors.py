@@ -80,3 +80,32 @@ class PackageInvalid(TrainyardError):
         where = f"code package entry {entry!r}" if entry else "code package"
         super().__init__(f"{where}: {why}")
         self.entry = entry
+
+
+class NotAllowed(TrainyardError):
+    """An action on someone else's job (or an admin's action) by a user who may not."""
+
+
+class UserNotFound(TrainyardError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no user {name!r}: an admin adds one with `trainyard users add`")
+
+
+class UserExists(TrainyardError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"user {name!r} already exists")
+
+
+class TokenNotFound(TrainyardError):
+    def __init__(self, token_id: int) -> None:
+        super().__init__(f"no token {token_id}")
+
+
+class QueueQuotaReached(TrainyardError):
+    """A submit past the user's limit on queued jobs."""
+
+    def __init__(self, user: str, queued: int, limit: int, setting: str) -> None:
+        super().__init__(
+            f"{user} has {queued} jobs queued, the most allowed ({limit}, {setting}): "
+            "submit again once some have started, or ask an admin to raise the limit"
+        )

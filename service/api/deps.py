@@ -18,10 +18,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 
-from service.api.guard import MISSING_TOKEN, token_accepted
+from service.api.guard import MISSING_TOKEN
 from service.blobs import BlobStore
 from service.catalog import Catalog, CatalogCache
 from service.settings import Settings
+from service.users import Identity
 
 # app.state is untyped (Starlette's State holds Any): each getter names the type it holds.
 
@@ -68,26 +69,31 @@ FreshCatalogDep = Annotated[Catalog, Depends(get_fresh_catalog)]
 CatalogsDep = Annotated[CatalogCache, Depends(get_catalogs)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
-_bearer = HTTPBearer(auto_error=False, description="TRAINYARD_API_TOKEN, when the server has one")
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="A user's token (trainyard tokens create), or TRAINYARD_API_TOKEN (the admin's)",
+)
 
 
-async def require_token(
-    settings: SettingsDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """401 unless the request carries the server's token (when it has one)."""
-    # RequestGuard has already refused a wrong token, before the body was read; this is
-    # the same check, declared here so OpenAPI (and Swagger's Authorize) shows the scheme.
-    given = f"Bearer {credentials.credentials}" if credentials else None
-    if not token_accepted(settings.api_token, given):
+async def get_identity(
+    request: Request,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Identity:
+    """Who the request acts for. RequestGuard resolved the token before the body was
+    read (and refused it there if wrong); declared here so OpenAPI (and Swagger's
+    Authorize) shows the scheme."""
+    identity: Identity | None = getattr(request.state, "identity", None)
+    if identity is None:  # a route outside the guarded paths: never grant anything
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             detail=MISSING_TOKEN,
             headers={"WWW-Authenticate": "Bearer"},
         )
+    return identity
 
 
-AuthDep = Depends(require_token)
+AuthDep = Depends(get_identity)
+IdentityDep = Annotated[Identity, Depends(get_identity)]
 
 
 P = ParamSpec("P")

@@ -25,14 +25,20 @@ from service.errors import (
     IdempotencyConflict,
     InvalidTransition,
     JobNotFound,
+    NotAllowed,
     PackageInvalid,
+    QueueQuotaReached,
     SpecInvalid,
+    TokenNotFound,
     TrainyardError,
+    UserExists,
+    UserNotFound,
 )
 from service.points import finite_json
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
+QUEUE_RETRY_AFTER_S = 60
 
 
 class FieldError(BaseModel):
@@ -71,6 +77,11 @@ STATUS_OF: dict[type[TrainyardError], int] = {
     BlobTooLarge: 413,
     BlobStorageFull: 507,
     PackageInvalid: 422,
+    NotAllowed: 403,
+    UserNotFound: 404,
+    UserExists: 409,
+    TokenNotFound: 404,
+    QueueQuotaReached: 429,
 }
 
 
@@ -81,7 +92,9 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, TrainyardError)
         code = next((c for t, c in STATUS_OF.items() if isinstance(exc, t)), 400)
         detail = exc.errors if isinstance(exc, SpecInvalid) else str(exc)
-        return JSONResponse({"detail": detail}, status_code=code)
+        # A full queue drains as jobs start: a client may try again in a while.
+        headers = {"Retry-After": str(QUEUE_RETRY_AFTER_S)} if code == 429 else None
+        return JSONResponse({"detail": detail}, status_code=code, headers=headers)
 
     app.add_exception_handler(TrainyardError, handle)
 

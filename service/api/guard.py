@@ -13,16 +13,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
 from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from service.settings import Settings
+from service.users import IDENTITIES, Identity, Lookup, resolve
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # A browser's own navigation ("none": typed, bookmarked) or the page's own origin. Not
@@ -31,7 +33,10 @@ TRUSTED_FETCH_SITES = frozenset({"same-origin", "none"})
 # After a 413 the rest of the body is not wanted: the server closes the connection
 # rather than reading and dropping it for as long as the client sends.
 CLOSE = {"Connection": "close"}
-MISSING_TOKEN = "missing or wrong token: send Authorization: Bearer <TRAINYARD_API_TOKEN>"
+MISSING_TOKEN = (
+    "missing, wrong, revoked or expired token: send Authorization: Bearer <your token> "
+    "(a user's, from `trainyard tokens create`, or TRAINYARD_API_TOKEN)"
+)
 
 # Scripts only from this origin (the dashboard and Swagger UI are served from it; a
 # route may send a stricter or hash-extended policy of its own); inline styles are
@@ -56,17 +61,6 @@ def inline_script_hashes(page: bytes) -> str:
         f"'sha256-{base64.b64encode(hashlib.sha256(s).digest()).decode()}'" for s in scripts
     )
     return CONTENT_SECURITY_POLICY.replace("script-src 'self'", f"script-src 'self' {hashes}")
-
-
-def token_accepted(expected: str | None, authorization: str | None) -> bool:
-    """Whether an ``Authorization`` header carries the server's token (any, when it has
-    none). Compared in constant time."""
-    if expected is None:
-        return True
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer":
-        given = ""
-    return secrets.compare_digest(given.strip().encode(), expected.encode())
 
 
 def host_name(host_header: str) -> str:
@@ -118,13 +112,16 @@ class RequestGuard:
         self,
         app: Any,
         settings: Settings,
+        engine: Engine,
         guarded: Callable[[str], bool],
         streamed: Callable[[str, str], bool],
     ) -> None:
-        """``guarded(path)``: needs the token. ``streamed(method, path)``: reads its body
-        under limits of its own (blob uploads), not ``max_body_bytes``."""
+        """``guarded(path)``: needs a token. ``streamed(method, path)``: reads its body
+        under limits of its own (blob uploads), not ``max_body_bytes``. ``engine``: where
+        users' tokens are looked up."""
         self.app = app
         self.settings = settings
+        self.engine = engine
         self.guarded = guarded
         self.streamed = streamed
 
@@ -135,6 +132,12 @@ class RequestGuard:
         send = _with_security_headers(send)
         headers = _headers(scope)
         refusal = self._refusal(scope, headers)
+        if refusal is None and self.guarded(scope["path"]):
+            identity = await self._identity(headers.get("authorization"))
+            if identity is None:
+                refusal = _error(401, MISSING_TOKEN, {"WWW-Authenticate": "Bearer"})
+            else:  # request.state.identity: who the routes act for
+                scope.setdefault("state", {})["identity"] = identity
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -159,11 +162,15 @@ class RequestGuard:
         why = cross_site(scope["method"], headers)
         if why is not None:
             return _error(403, f"refused a write from another site's page ({why})")
-        if self.guarded(scope["path"]) and not token_accepted(
-            self.settings.api_token, headers.get("authorization")
-        ):
-            return _error(401, MISSING_TOKEN, {"WWW-Authenticate": "Bearer"})
         return None
+
+    async def _identity(self, authorization: str | None) -> Identity | None:
+        """Who the request is, before any byte of its body is read (a user's token not
+        seen a moment ago is looked up in the pool: a query)."""
+        found = resolve(self.settings, authorization)
+        if isinstance(found, Lookup):
+            return await run_in_threadpool(IDENTITIES.get, self.engine, found.token)
+        return found
 
 
 async def _limited(app: Any, limit: int, scope: Scope, receive: Receive, send: Send) -> None:

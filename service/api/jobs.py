@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -12,17 +13,19 @@ from fastapi.responses import FileResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from sqlmodel import col, select
 
-from service import store
+from service import audit, store, users
 from service.api.deps import (
     BlobStoreDep,
     CatalogDep,
     CatalogsDep,
     EngineDep,
+    IdentityDep,
     SettingsDep,
     pooled,
 )
 from service.api.responses import GUARDED, JOB_NOT_FOUND, JSON_BODY, SPEC_REFUSED, WRITE, error
 from service.artifacts import artifact_path, list_artifacts
+from service.audit import Action
 from service.catalog import waiting_reason
 from service.db import read_session
 from service.inputs import check_inputs
@@ -56,7 +59,10 @@ JobId = Annotated[int, Path(ge=1, le=MAX_INT32, description="The job's id.")]
     responses=WRITE
     | JSON_BODY
     | SPEC_REFUSED
-    | {409: error("Idempotency-Key reused with another spec")},
+    | {
+        409: error("Idempotency-Key reused with another spec"),
+        429: error("You have as many jobs queued as your limit allows (Retry-After)"),
+    },
 )
 async def submit_job(
     spec: Annotated[
@@ -76,6 +82,7 @@ async def submit_job(
     catalogs: CatalogsDep,
     settings: SettingsDep,
     blobs: BlobStoreDep,
+    who: IdentityDep,
     idempotency_key: Annotated[
         NulFreeStr | None,
         Header(max_length=200, description="Retries with the same key return the same job."),
@@ -86,14 +93,27 @@ async def submit_job(
     # catalog expired, would refuse the spec or knows no worker; an Idempotency-Key is
     # looked up first).
     reason = catalogs.check_cached(spec) or await run_in_threadpool(catalogs.check, engine, spec)
+    own_limits = users.OWN_LIMITS.cached()
+    if own_limits is None:
+        own_limits = await run_in_threadpool(users.OWN_LIMITS.get, engine)
+    queue_limit = users.queue_limit(own_limits, who.name, settings)
+    if queue_limit is not None:
+        await run_in_threadpool(users.check_queue_quota, engine, who.name, queue_limit)
     if spec.code is not None:  # its own code and data: stored, and the package safe
         limits = PackageLimits.from_settings(settings)
         await run_in_threadpool(check_inputs, engine, blobs, limits, spec)
     if idempotency_key is None and spec.code is None:
-        job, created = await store.enqueue_job(engine, spec, reason), True
+        job, created = await store.enqueue_job(engine, spec, reason, owner=who.name), True
     else:
         job, created = await run_in_threadpool(
-            store.create_job, engine, spec, idempotency_key=idempotency_key, reason=reason
+            functools.partial(
+                store.create_job,
+                engine,
+                spec,
+                owner=who.name,
+                idempotency_key=idempotency_key,
+                reason=reason,
+            )
         )
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     if not created:
@@ -105,13 +125,22 @@ async def submit_job(
 @pooled
 def list_jobs(
     engine: EngineDep,
+    who: IdentityDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    owner: Annotated[
+        NulFreeStr | None,
+        Query(max_length=64, description="A user's name, or me: your own jobs."),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
 ) -> JobList:
-    """Jobs, optionally of one status, newest first."""
+    """Jobs, optionally of one status and one owner, newest first. Everyone sees every
+    job: a shared box is transparent."""
+    owner = who.name if owner == "me" else owner
     with read_session(engine) as session:
-        rows, total = store.list_jobs(session, status=status_, limit=limit, offset=offset)
+        rows, total = store.list_jobs(
+            session, status=status_, owner=owner, limit=limit, offset=offset
+        )
     return JobList(
         items=[JobRead.from_row(j) for j in rows], total=total, limit=limit, offset=offset
     )
@@ -143,14 +172,22 @@ def rerun_job(
     catalogs: CatalogsDep,
     settings: SettingsDep,
     blobs: BlobStoreDep,
+    who: IdentityDep,
 ) -> JobRead:
     """A new job with this one's spec: recipe or code, params, data, seed and every other
-    field. A script job's blobs must still be stored."""
+    field, owned by whoever reran it (its owner, or an admin). A script job's blobs must
+    still be stored."""
     with read_session(engine) as session:  # closed before waiting for the write lock
-        spec = store.spec_of(store.get_job(session, job_id))
+        original = store.get_job(session, job_id)
+        users.check_may_act(who, original.owner, f"job {job_id}")
+        spec = store.spec_of(original)
     reason = catalogs.check(engine, spec)
     check_inputs(engine, blobs, PackageLimits.from_settings(settings), spec)
-    job, _ = store.create_job(engine, spec, reason=reason)
+    queue_limit = users.queue_limit(users.OWN_LIMITS.get(engine), who.name, settings)
+    if queue_limit is not None:
+        users.check_queue_quota(engine, who.name, queue_limit)
+    job, _ = store.create_job(engine, spec, owner=who.name, reason=reason)
+    audit.record_now(engine, who.name, Action.reran, f"job {job_id}", new_job=job.id)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return JobRead.from_row(job)
 
@@ -162,9 +199,10 @@ def rerun_job(
     responses=WRITE | JOB_NOT_FOUND | {409: error("The job already finished")},
 )
 @pooled
-def cancel_job(job_id: JobId, engine: EngineDep) -> JobRead:
-    """Cancel a queued job now, or ask the worker to stop a running one. Idempotent."""
-    return JobRead.from_row(store.cancel_job(engine, job_id))
+def cancel_job(job_id: JobId, engine: EngineDep, who: IdentityDep) -> JobRead:
+    """Cancel a queued job now, or ask the worker to stop a running one (your own job, or
+    any as an admin). Idempotent."""
+    return JobRead.from_row(store.cancel_job(engine, job_id, who))
 
 
 @router.get("/{job_id}/metrics", summary="A job's metric time series", responses=JOB_NOT_FOUND)

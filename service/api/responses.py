@@ -27,7 +27,7 @@ def error(description: str, **extra: Any) -> dict[str, Any]:
 # Every route under /api/v1: the token comes first, and the database may be down.
 GUARDED: Responses = {
     401: error(
-        "Missing or wrong token: send Authorization: Bearer <TRAINYARD_API_TOKEN>",
+        "Missing, wrong, revoked or expired token: send Authorization: Bearer <token>",
         headers={"WWW-Authenticate": {"schema": {"type": "string"}, "example": "Bearer"}},
     ),
     503: error(
@@ -40,7 +40,10 @@ GUARDED: Responses = {
 
 # A POST, PUT or DELETE: what a browser sends from another site's page is refused.
 WRITE: Responses = {
-    403: error("A write from another site's page (its Origin or Sec-Fetch-Site): refused"),
+    403: error(
+        "A write from another site's page (its Origin or Sec-Fetch-Site), or an action on "
+        "another user's job: refused"
+    ),
 }
 
 # A route that reads a JSON body.

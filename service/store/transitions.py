@@ -20,11 +20,14 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlmodel import Session, col
 
+from service import audit
+from service.audit import Action
 from service.db import write_session
 from service.errors import InvalidTransition, JobNotFound
 from service.models import Job, JobStatus, utcnow
 from service.reasons import ReasonCode
 from service.store.tables import job_table
+from service.users import BOOTSTRAP, Identity, check_may_act
 from service.wakeup import announce_job
 
 S = JobStatus
@@ -114,14 +117,16 @@ def _transition(
     return job
 
 
-def cancel_job(engine: Engine, job_id: int) -> Job:
-    """Queued -> cancelled now; running -> cancelling (the worker stops it). Idempotent."""
+def cancel_job(engine: Engine, job_id: int, by: Identity = BOOTSTRAP) -> Job:
+    """Queued -> cancelled now; running -> cancelling (the worker stops it). Idempotent.
+    ``by``: who asks; only the job's owner or an admin may (NotAllowed)."""
     now = utcnow()
     with write_session(engine) as session:
         # Locked (PostgreSQL): a worker cannot finish or claim it between read and write.
         job = session.get(Job, job_id, with_for_update=True)
         if job is None:
             raise JobNotFound(job_id)
+        check_may_act(by, job.owner, f"job {job_id}")
         if job.status in (S.cancelling, S.cancelled):
             return job
         if job.status in (S.succeeded, S.failed):
@@ -144,6 +149,7 @@ def cancel_job(engine: Engine, job_id: int) -> Job:
                 reason_message="cancel requested; stopping the job",
             )
         assert done is not None, "status changed under the row lock / IMMEDIATE transaction"
+        audit.record(session, by.name, Action.cancelled, f"job {job_id}", owner=job.owner)
         return done
 
 
