@@ -10,11 +10,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, insert, text
 from sqlalchemy.engine import make_url
 
 from service import store
 from service.migrate import upgrade
+from service.models import BOOTSTRAP_USER, NO_USAGE, User
 
 # The server, by a database on it that we may connect to in order to create our own.
 ADMIN_URL = os.environ.get(
@@ -22,7 +23,10 @@ ADMIN_URL = os.environ.get(
 )
 # CI sets this: there a missing server is a failure, not a reason to skip.
 REQUIRED = os.environ.get("TRAINYARD_TEST_REQUIRE_POSTGRES") == "1"
-TABLES = ("job_blob", "blob", "log_line", "metric", "job", "worker")
+TABLES = (
+    "job_blob", "blob", "log_line", "metric", "job", "worker",
+    "api_token", "audit_event", "trainyard_user",
+)  # fmt: skip
 
 
 @contextmanager
@@ -56,6 +60,8 @@ def empty(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+        # as migration 0010 left it: the bootstrap admin, with no usage yet
+        conn.execute(insert(User).values(name=BOOTSTRAP_USER, admin=True, usage_score=NO_USAGE))
     engine.dispose()
 
 
