@@ -21,8 +21,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, select
 from sqlmodel import Session
 
+from service import store
 from service.api.responses import GUARDED
 from service.models import JobStatus, Worker, utcnow
+from service.settings import Settings
 from service.store import stats
 
 router = APIRouter(tags=["health"])
@@ -31,17 +33,24 @@ router = APIRouter(tags=["health"])
 DURATION_BUCKETS_S = (60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0, 7 * 24 * 3600.0)
 
 
-class QueueCollector(Collector):
-    """Jobs by status, queue depth, job durations and worker heartbeats, read per scrape."""
+# Fair share's usage is decayed with the server's half-life; without one, the default.
+DEFAULT_HALF_LIFE_S = float(Settings.model_fields["fair_share_half_life_s"].default)
 
-    def __init__(self, engine: Engine) -> None:
+
+class QueueCollector(Collector):
+    """Jobs by status, queue depth, job durations, worker heartbeats and users' usage,
+    read per scrape."""
+
+    def __init__(self, engine: Engine, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
         self.engine = engine
+        self.half_life_s = half_life_s
 
     def collect(self) -> Iterator[Any]:
         with Session(self.engine) as session:
             counts = stats.jobs_by_status(session)
             durations = stats.duration_histogram(session, DURATION_BUCKETS_S)
             workers = session.execute(select(Worker.id, Worker.heartbeat_at, Worker.devices)).all()
+            users = store.usage_by_user(session, utcnow(), self.half_life_s)
         jobs = GaugeMetricFamily("trainyard_jobs", "Jobs by status.", labels=["status"])
         for status in JobStatus:
             jobs.add_metric([status.value], counts.get(status, 0))
@@ -71,6 +80,15 @@ class QueueCollector(Collector):
             devices.add_metric([worker_id], len(worker_devices))
         yield age
         yield devices
+        # A label per user: bounded by the users an admin created.
+        usage = GaugeMetricFamily(
+            "trainyard_user_usage_device_seconds",
+            "A user's fair-share usage: device-seconds, decayed with the half-life.",
+            labels=["user"],
+        )
+        for user in users:
+            usage.add_metric([user.name], user.usage_device_s)
+        yield usage
         # a stopped or silent worker's last sample would read as a live GPU
         current = [w for w in workers if (now - w[1]).total_seconds() < GPU_SAMPLE_MAX_AGE_S]
         yield from _gpu_families(current)
@@ -111,9 +129,9 @@ def _gpu_families(workers: Any) -> Iterator[GaugeMetricFamily]:
 class Instruments:
     """The registry of one app: the queue collector and the request metrics."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(QueueCollector(engine))
+        self.registry.register(QueueCollector(engine, half_life_s))
         self.requests = Counter(
             "trainyard_http_requests", "API requests.", ["method", "route", "status"],
             registry=self.registry,
@@ -171,6 +189,7 @@ class RequestMetrics:
     responses=GUARDED,
 )
 def metrics(request: Request) -> Response:
-    """Jobs by status, queue depth, job durations, worker heartbeats, API requests."""
+    """Jobs by status, queue depth, job durations, worker heartbeats, users' usage, API
+    requests."""
     registry = request.app.state.instruments.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
