@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
 
 from service import blob_upkeep
-from service.api import blobs, catalog, health, jobs, prometheus, usage
+from service.api import blobs, catalog, health, jobs, prometheus, usage, users
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
 from service.api.guard import RequestGuard, inline_script_hashes
@@ -54,7 +54,7 @@ def _guarded(settings: Settings) -> Callable[[str], bool]:
     return guarded
 
 
-API_ROUTERS = (jobs.router, catalog.router, blobs.router, usage.router)
+API_ROUTERS = (jobs.router, catalog.router, blobs.router, users.router, usage.router)
 
 
 def _route_templates() -> dict[int, str]:
@@ -87,7 +87,11 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.include_router(router, prefix=API_PREFIX, dependencies=[AuthDep])
     install_error_handlers(app)
     app.add_middleware(
-        RequestGuard, settings=settings, guarded=_guarded(settings), streamed=_streamed
+        RequestGuard,
+        settings=settings,
+        engine=app.state.engine,
+        guarded=_guarded(settings),
+        streamed=_streamed,
     )
     app.add_middleware(
         RequestMetrics, instruments=app.state.instruments, templates=_route_templates()
