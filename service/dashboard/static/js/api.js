@@ -1,7 +1,11 @@
-// Calls to /api/v1 with the server's token, asked for on the first 401 and kept in
-// localStorage so it survives reloads.
+// Calls to /api/v1 with the user's token, asked for on the first 401 and kept in
+// localStorage so it survives reloads. The token says who the page acts as: a user's own
+// (ty_…, from `trainyard tokens create`) or the server's TRAINYARD_API_TOKEN (the
+// bootstrap admin). A server without one takes a request without a token as admin.
 
 const TOKEN_KEY = "trainyard.apiToken";
+/** Dispatched on window when a token is saved from the dialog. */
+export const TOKEN_SAVED = "trainyard:token-saved";
 // Relative, like every URL of the page, so a proxy may mount the app under a prefix.
 const API = "api/v1";
 
@@ -34,6 +38,15 @@ export function authHeaders() {
   return token ? { Authorization: `Bearer ${token}` } : {};
 }
 
+export function hasToken() {
+  return localStorage.getItem(TOKEN_KEY) !== null;
+}
+
+/** Sign out: requests go without a token until another is entered. */
+export function forgetToken() {
+  localStorage.removeItem(TOKEN_KEY);
+}
+
 let asking = null;
 
 /** Ask for the token once, however many requests were refused meanwhile. */
@@ -41,18 +54,21 @@ export function askToken() {
   asking ??= new Promise((resolve, reject) => {
     const dialog = document.getElementById("token-dialog");
     const input = document.getElementById("token-input");
-    document.getElementById("token-error").hidden = localStorage.getItem(TOKEN_KEY) === null;
+    // A token is still stored only when the server refused it.
+    document.getElementById("token-error").hidden = !hasToken();
     input.value = "";
+    dialog.returnValue = ""; // else Escape would close with the last time's "save"
     dialog.addEventListener(
       "close",
       () => {
         asking = null;
         const token = input.value.trim();
         if (dialog.returnValue !== "save" || !token) {
-          reject(new ApiError(401, "this server needs its API token; reload to enter it"));
+          reject(new ApiError(401, "not signed in: use “sign in” at the top of the page"));
           return;
         }
         localStorage.setItem(TOKEN_KEY, token);
+        window.dispatchEvent(new Event(TOKEN_SAVED));
         resolve();
       },
       { once: true },

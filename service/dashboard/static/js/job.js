@@ -1,5 +1,7 @@
-// One job: status, progress with ETA, live loss chart, log tail, spec, result, error
-// and the reproducibility record, all kept current by the job's event stream.
+// One job: its owner, status, progress with ETA, live loss chart, log tail, spec,
+// result, error and the reproducibility record, all kept current by the job's event
+// stream. Cancel and rerun are the owner's or an admin's: the server's refusal (403,
+// naming the owner) is shown as it comes.
 
 import { api } from "./api.js";
 import { LossChart } from "./chart.js";
@@ -49,6 +51,18 @@ export function jobView(root, id) {
     }
   });
 
+  ui.rerun.addEventListener("click", async () => {
+    if (!confirm(`Submit a new job with job ${id}'s spec?`)) return;
+    ui.rerun.disabled = true;
+    try {
+      const rerun = await api.post(`/jobs/${id}/rerun`);
+      location.hash = `#/jobs/${rerun.id}`;
+    } catch (err) {
+      fill(ui.notice, err.message);
+      ui.rerun.disabled = false;
+    }
+  });
+
   // Stream bookkeeping on the page element, for devtools and the browser test: its
   // state, how often it connected, and how many events of each kind came (duplicates
   // included), as data-stream, data-connects, data-log-events, data-metric-events …
@@ -89,7 +103,9 @@ function skeleton(id) {
   const ui = {
     title: h("h2", {}, `Job ${id}`),
     status: h("span", { id: "job-status" }),
+    owner: h("span", { class: "muted", id: "job-owner" }),
     stream: h("span", { class: "stream-state muted", id: "stream-state" }),
+    rerun: h("button", { id: "rerun-job", hidden: true }, "Rerun"),
     cancel: h("button", { id: "cancel-job", class: "danger", disabled: true }, "Cancel"),
     notice: h("p", { class: "error", role: "alert", id: "job-notice" }),
     reason: h("p", { class: "reason", id: "job-reason" }),
@@ -111,8 +127,10 @@ function skeleton(id) {
       { class: "job-head" },
       ui.title,
       ui.status,
+      ui.owner,
       ui.stream,
       h("span", { class: "grow" }),
+      ui.rerun,
       ui.cancel,
     ),
     ui.notice,
@@ -137,7 +155,10 @@ function renderJob(ui, job) {
   document.title = `Job ${job.id} · ${job.status} — Trainyard`;
   fill(ui.title, `Job ${job.id}`, job.name ? h("small", {}, ` ${job.name}`) : null);
   fill(ui.status, statusBadge(job.status));
+  fill(ui.owner, `by ${job.owner}`);
+  ui.owner.dataset.owner = job.owner;
   ui.cancel.hidden = TERMINAL.has(job.status);
+  ui.rerun.hidden = !TERMINAL.has(job.status);
   ui.cancel.disabled = job.status === "cancelling";
   fill(ui.reason, job.reason ? `${job.reason.message} (${job.reason.code})` : "");
   renderProgress(ui, job.progress, job.status);
@@ -185,6 +206,7 @@ function specOf(job) {
   const fields = SPEC_FIELDS.filter((k) => !(script && RECIPE_ONLY.has(k)));
   const spec = Object.fromEntries(fields.map((k) => [k, job[k]]));
   return {
+    owner: job.owner,
     entrypoint: script ? job.entrypoint.join(" ") : null,
     ...spec,
     params: script ? null : job.params,

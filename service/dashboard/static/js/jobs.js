@@ -1,5 +1,5 @@
-// The job list, newest first, filterable by status; refreshed by polling, since a
-// list has no event stream of its own.
+// The job list, newest first, filterable by status and owner (my jobs / everyone / one
+// user's); refreshed by polling, since a list has no event stream of its own.
 
 import { api } from "./api.js";
 import { fill, h, num, progressBar, STATUSES, statusBadge, when } from "./dom.js";
@@ -9,6 +9,7 @@ const REFRESH_MS = 2000;
 
 export function jobsView(root, params) {
   const status = params.get("status") || "";
+  const owner = params.get("owner") || ""; // "me", a user's name, or "": everyone's
   const offset = Math.max(0, Number(params.get("offset")) || 0);
   const stop = new AbortController();
   const signal = stop.signal;
@@ -19,9 +20,9 @@ export function jobsView(root, params) {
     h("option", { value: "" }, "all statuses"),
     STATUSES.map((s) => h("option", { value: s, selected: s === status }, s)),
   );
-  // The filter lives in the URL: reloads, links and the back button keep it.
+  // The filters live in the URL: reloads, links and the back button keep them.
   filter.addEventListener("change", () => {
-    location.hash = filter.value ? `#/jobs?status=${filter.value}` : "#/jobs";
+    location.hash = jobsHash({ status: filter.value, owner });
   });
   const total = h("span", { class: "muted", id: "jobs-total" });
   const pager = h("span", { class: "pager" });
@@ -36,7 +37,7 @@ export function jobsView(root, params) {
       h(
         "tr",
         {},
-        ["ID", "Name", "Recipe", "Status", "Progress", "Reason", "Created"].map((c) =>
+        ["ID", "Name", "Owner", "Recipe", "Status", "Progress", "Reason", "Created"].map((c) =>
           h("th", {}, c),
         ),
       ),
@@ -50,6 +51,7 @@ export function jobsView(root, params) {
       { class: "toolbar" },
       h("h2", {}, "Jobs"),
       h("label", {}, "Status ", filter),
+      ownerToggle(status, owner),
       total,
       h("span", { class: "grow" }),
       pager,
@@ -62,18 +64,21 @@ export function jobsView(root, params) {
   async function refresh() {
     const query = new URLSearchParams({ limit: PAGE_SIZE, offset });
     if (status) query.set("status", status);
+    if (owner) query.set("owner", owner);
     try {
       const page = await api.get(`/jobs?${query}`, { signal });
       fill(
         rows,
         page.items.length
           ? page.items.map(row)
-          : h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No jobs.")),
+          : h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No jobs.")),
       );
       fill(total, `${page.total} job${page.total === 1 ? "" : "s"}`);
-      fill(pager, pagerLinks(page, status));
+      fill(pager, pagerLinks(page, status, owner));
       fill(notice, "");
-      table.dataset.loaded = status || "all"; // which filter the rows are for
+      // which filters the rows are for
+      table.dataset.loaded = status || "all";
+      table.dataset.owner = owner || "everyone";
     } catch (err) {
       if (signal.aborted) return;
       fill(notice, err.message);
@@ -96,6 +101,7 @@ function row(job) {
     { "data-job-id": job.id, "data-status": job.status },
     h("td", {}, link(String(job.id))),
     h("td", {}, link(job.name || "–")),
+    h("td", { class: "owner" }, h("a", { href: jobsHash({ owner: job.owner }) }, job.owner)),
     h("td", {}, job.recipe ?? h("code", {}, (job.entrypoint ?? []).join(" "))),
     h("td", {}, statusBadge(job.status)),
     h(
@@ -109,8 +115,36 @@ function row(job) {
   );
 }
 
-function pagerLinks(page, status) {
-  const at = (offset) => `#/jobs?${new URLSearchParams(status ? { status, offset } : { offset })}`;
+/** "#/jobs?status=…&owner=…&offset=…" with the filters given (none: "#/jobs"). */
+function jobsHash(filters) {
+  const query = new URLSearchParams(Object.entries(filters).filter(([, v]) => v)).toString();
+  return query ? `#/jobs?${query}` : "#/jobs";
+}
+
+/** "my jobs | everyone", and the user's name when the list is one other user's. */
+function ownerToggle(status, owner) {
+  const choice = (id, value, text) =>
+    h(
+      "a",
+      {
+        id,
+        href: jobsHash({ status, owner: value }),
+        class: owner === value ? "current" : null,
+        "aria-current": owner === value ? "page" : null,
+      },
+      text,
+    );
+  return h(
+    "span",
+    { class: "toggle", role: "group", "aria-label": "Whose jobs" },
+    choice("owner-me", "me", "my jobs"),
+    choice("owner-everyone", "", "everyone"),
+    owner && owner !== "me" ? choice("owner-named", owner, `${owner}'s`) : null,
+  );
+}
+
+function pagerLinks(page, status, owner) {
+  const at = (offset) => jobsHash({ status, owner, offset });
   const last = Math.min(page.offset + page.items.length, page.total);
   return [
     page.offset > 0 ? h("a", { href: at(Math.max(0, page.offset - page.limit)) }, "‹ newer") : null,

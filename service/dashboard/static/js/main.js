@@ -1,16 +1,20 @@
-// The dashboard's router: the URL fragment picks a view (#/jobs, #/jobs/7, #/submit).
+// The dashboard's router: the URL fragment picks a view (#/jobs, #/jobs/7, #/submit,
+// #/team).
 // A view draws itself into the main element and returns a function that stops its
 // timers and streams when another view replaces it.
 
 import { h } from "./dom.js";
 import { jobView } from "./job.js";
 import { jobsView } from "./jobs.js";
+import { mountSession } from "./session.js";
 import { submitView } from "./submit.js";
+import { teamView } from "./team.js";
 
 const ROUTES = [
   [/^#\/jobs\/(\d+)$/, "jobs", (root, match) => jobView(root, Number(match[1]))],
   [/^#\/jobs$/, "jobs", (root, _match, params) => jobsView(root, params)],
   [/^#\/submit$/, "submit", (root) => submitView(root)],
+  [/^#\/team$/, "team", (root, _match, params) => teamView(root, params)],
 ];
 
 const root = document.getElementById("view");
@@ -34,4 +38,5 @@ function route() {
 }
 
 window.addEventListener("hashchange", route);
+mountSession(route); // signed in as someone else: the view redraws for them
 route();
