@@ -11,7 +11,7 @@ import sys
 
 from pydantic import ValidationError
 
-from service.cli import blobs, jobs, service  # noqa: F401  (each registers its commands)
+from service.cli import blobs, jobs, service, users  # noqa: F401  (each registers its commands)
 from service.cli.app import app
 
 

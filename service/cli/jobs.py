@@ -223,14 +223,18 @@ def status(
 @app.command("ls")
 def list_jobs(
     status_: Annotated[str | None, typer.Option("--status")] = None,
+    mine: Annotated[bool, typer.Option("--mine", help="Only your own jobs.")] = False,
+    owner: Annotated[str | None, typer.Option(help="Only this user's jobs.")] = None,
     limit: int = 20,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first: everyone's, or one user's."""
     params: dict[str, Any] = {"limit": limit}
     if status_:
         params["status"] = status_
+    if mine or owner:
+        params["owner"] = "me" if mine else owner
     with connect(url, token) as client:
         _print_jobs(call(client, "GET", "/jobs", params=params)["items"])
 
@@ -241,7 +245,7 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         what = job["recipe"] or " ".join(job["entrypoint"] or [])[:20]
         typer.echo(
             printable(
-                f"{job['id']:>6}  {job['status']:<10}  {what:<20}  "
+                f"{job['id']:>6}  {job['status']:<10}  {job['owner']:<12}  {what:<20}  "
                 f"{job['strategy']:<6} x{job['devices']}  {reason}"
             )
         )
