@@ -1,8 +1,9 @@
-"""Claims at the SQL level: processes claiming from 10,000 queued jobs, on SQLite (two
-processes: one box) and on PostgreSQL (four: several boxes); on PostgreSQL also the same
-statement sent by bare psycopg, side by side, for the ceiling of the machine.
+"""Claims at the SQL level: processes claiming from 10,000 queued jobs of 50 users (fair
+share walks the users), on SQLite (two processes: one box) and on PostgreSQL (four:
+several boxes); on PostgreSQL also the same statement sent by bare psycopg, side by side,
+for the ceiling of the machine.
 
-python -m benchmarks.claims [--jobs 10000] [--databases sqlite:2,postgresql:4]
+python -m benchmarks.claims [--jobs 10000] [--users 50] [--databases sqlite:2,postgresql:4]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from benchmarks.common import database, print_table, save
 from service import store
 from service.db import make_engine, write_session
 from service.migrate import upgrade
-from service.models import Job, JobCreate
+from service.models import Job, JobCreate, User
 from tests.databases import claim_as_sent
 
 CLAIM = {"free_devices": 1, "total_devices": 1, "accelerator": "cpu", "recipes": ["r"],
@@ -61,6 +62,7 @@ def bare_claimer(url: str, name: str, start: Any, out: Any) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--users", type=int, default=50, help="owners of the jobs, round robin")
     parser.add_argument("--databases", default="sqlite:2,postgresql:4", help="kind:processes")
     parser.add_argument(
         "--no-bare", dest="bare", action="store_false", help="skip the bare psycopg run"
@@ -73,23 +75,31 @@ def main() -> None:
             if url is None:
                 url = f"sqlite:///{Path(tmp) / 'claims.db'}"
                 upgrade(url)
-            rows.append({"database": kind, **measure(url, args.jobs, int(processes))})
+            rows.append(
+                {"database": kind, **measure(url, args.jobs, int(processes), users=args.users)}
+            )
         if kind == "postgresql" and args.bare:
             with database(kind) as url:
                 assert url is not None
-                bare = measure(url, args.jobs, int(processes), bare_claimer)
+                bare = measure(url, args.jobs, int(processes), bare_claimer, users=args.users)
                 rows.append({"database": "postgresql, bare psycopg", **bare})
     print_table("claims", rows)
     save("claims", rows)
 
 
-def measure(url: str, jobs: int, processes: int, target: Any = claimer) -> dict[str, Any]:
+def measure(
+    url: str, jobs: int, processes: int, target: Any = claimer, *, users: int = 50
+) -> dict[str, Any]:
     row = Job.model_validate(JobCreate(recipe="r").model_dump()).model_dump(exclude={"id"})
+    names = [f"user{i:02d}" for i in range(users)]
     engine = make_engine(url)
     with write_session(engine) as session:
-        session.execute(insert(Job), [row] * jobs)
+        session.execute(insert(User), [{"name": n} for n in names])
+        owned = [{**row, "owner": names[i % users]} for i in range(jobs)]
+        session.execute(insert(Job), owned)
     with engine.begin() as conn:  # the statistics autoanalyze keeps after such an insert
         conn.exec_driver_sql("ANALYZE job")
+        conn.exec_driver_sql("ANALYZE trainyard_user")
     engine.dispose()
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
@@ -107,6 +117,7 @@ def measure(url: str, jobs: int, processes: int, target: Any = claimer) -> dict[
     return {
         "processes": processes,
         "jobs": jobs,
+        "users": users,
         "claimed": len(claimed),
         "double_claims": len(claimed) - len(set(claimed)),
         "claims_per_s": len(claimed) / (ended - began),

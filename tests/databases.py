@@ -71,7 +71,7 @@ def claim_as_sent(engine: Engine, **claim: Any) -> tuple[store.Claim | None, str
     sent: list[tuple[str, Any]] = []
 
     def keep(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
-        if statement.startswith("UPDATE job"):
+        if statement.startswith(("UPDATE job", "WITH reserved_job")):  # the claim's CTE
             sent.append((statement, params))
 
     event.listen(engine, "before_cursor_execute", keep)
