@@ -15,10 +15,17 @@ from selenium.common.exceptions import NoSuchElementException, StaleElementRefer
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.e2e import test_dashboard as dashboard
-from tests.e2e.test_dashboard import TOKEN, WAIT_S, _answers, keep_screenshot, text_of
+from tests.e2e.test_dashboard import (
+    TOKEN,
+    WAIT_S,
+    _answers,
+    csp_violations,
+    keep_screenshot,
+    text_of,
+)
 from tests.stack import Stack, free_port, wait_for
 
 # The fixtures of the dashboard's other tests: headless Chromium, and SQLite only.
@@ -150,8 +157,12 @@ def test_alice_signs_in_sees_owners_her_jobs_and_is_refused_bobs(
     assert browser.current_url.endswith("#/jobs?owner=me")
     assert listed(browser) == {alices["id"]: "alice"}
     keep_screenshot(browser, tmp_path, "dashboard-my-jobs")
-    browser.refresh()  # the filter is in the URL, the token in the browser: both kept
-    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#jobs[data-owner="me"]')))
+    Select(browser.find_element(By.ID, "status-filter")).select_by_value("queued")
+    mine = '#jobs[data-owner="me"][data-loaded="queued"]'
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, mine)))
+    assert browser.current_url.endswith("#/jobs?status=queued&owner=me")
+    browser.refresh()  # the filters are in the URL, the token in the browser: all kept
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, mine)))
     assert listed(browser) == {alices["id"]: "alice"}
     assert not browser.find_element(By.ID, "token-dialog").is_displayed()
 
@@ -167,6 +178,31 @@ def test_alice_signs_in_sees_owners_her_jobs_and_is_refused_bobs(
     assert browser.find_element(By.ID, "cancel-job").is_enabled()
     assert team.admin.get(f"/jobs/{bobs['id']}").json()["status"] == "queued"
     keep_screenshot(browser, tmp_path, "dashboard-refused-cancel")
+
+    # Her rerun of bob's cancelled job is refused the same way.
+    assert team.admin.post(f"/jobs/{bobs['id']}/cancel").status_code == 202
+    browser.refresh()  # a page without the cancel's refusal
+    wait.until(ec.text_to_be_present_in_element((By.ID, "job-status"), "cancelled"))
+    assert text_of(browser, "#job-notice") == ""
+    browser.find_element(By.ID, "rerun-job").click()
+    wait.until(ec.alert_is_present()).accept()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "job-notice"), refusal))
+
+    # Her own job: she cancels it, then reruns it; the new job is hers.
+    browser.get(f"{team.url}/#/jobs/{alices['id']}")
+    wait.until(ec.text_to_be_present_in_element((By.ID, "job-status"), "queued"))
+    browser.find_element(By.ID, "cancel-job").click()
+    wait.until(ec.alert_is_present()).accept()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "job-status"), "cancelled"))
+    browser.find_element(By.ID, "rerun-job").click()
+    wait.until(ec.alert_is_present()).accept()
+    wait.until(lambda d: not d.current_url.endswith(f"#/jobs/{alices['id']}"))
+    rerun = int(browser.current_url.rsplit("/", 1)[1])
+    wait.until(ec.text_to_be_present_in_element((By.ID, "job-status"), "queued"))
+    assert text_of(browser, "#job-owner") == "by alice"
+    assert team.admin.get(f"/jobs/{rerun}").json()["owner"] == "alice"
+    assert text_of(browser, "#job-notice") == ""
+    assert csp_violations(browser) == []
 
 
 def usage_rows(browser: WebDriver) -> dict[str, list[str]]:
@@ -223,6 +259,7 @@ def test_the_team_view_shows_usage_to_all_and_the_audit_trail_to_admins(
     assert events and {cells[1] for _, cells in events} == {"bob"}
     click(browser, "#audit tr:first-child td.target a")
     wait.until(ec.text_to_be_present_in_element((By.ID, "job-owner"), "by bob"))
+    assert csp_violations(browser) == []
 
 
 @pytest.mark.slow

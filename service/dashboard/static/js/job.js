@@ -42,6 +42,7 @@ export function jobView(root, id) {
 
   ui.cancel.addEventListener("click", async () => {
     if (!confirm(`Cancel job ${id}?`)) return;
+    fill(ui.notice, "");
     ui.cancel.disabled = true;
     try {
       show(await api.post(`/jobs/${id}/cancel`));
@@ -53,6 +54,7 @@ export function jobView(root, id) {
 
   ui.rerun.addEventListener("click", async () => {
     if (!confirm(`Submit a new job with job ${id}'s spec?`)) return;
+    fill(ui.notice, "");
     ui.rerun.disabled = true;
     try {
       const rerun = await api.post(`/jobs/${id}/rerun`);
