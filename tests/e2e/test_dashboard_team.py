@@ -151,6 +151,10 @@ def test_alice_signs_in_sees_owners_her_jobs_and_is_refused_bobs(
     owners = {bobs["id"]: "bob", alices["id"]: "alice", admins["id"]: "admin"}
     wait.until(lambda d: listed(d) == owners)
     assert "current" in (browser.find_element(By.ID, "owner-everyone").get_attribute("class") or "")
+    click(browser, f'#jobs tr[data-job-id="{bobs["id"]}"] td.owner a')
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#jobs[data-owner="bob"]')))
+    assert listed(browser) == {bobs["id"]: "bob"}
+    assert text_of(browser, "#owner-named") == "bob's"
 
     browser.find_element(By.ID, "owner-me").click()
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#jobs[data-owner="me"]')))
