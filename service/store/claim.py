@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, and_, bindparam, func, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, case, func, or_, select, update
 
 from service.db import read_session, statement_connection, write_session
 from service.jobspec import served_accelerators
@@ -200,19 +200,28 @@ def _take_one(shape: Shape) -> Any:
         reserved.c.created_at < bindparam("starve_before"),
     )
 
-    # A CTE, computed once and named where each probe uses it (nested in them, the
-    # statement grew past SQLite's parser stack).
+    # A CTE: named twice below, written (and planned) once.
     reserved_job = starving.cte("reserved_job")
-
-    def reservation(job: Any) -> Any:
-        reserved_id = select(reserved_job.c.id).scalar_subquery()
-        return job.c.id == func.coalesce(reserved_id, job.c.id)
+    reserved_id = select(reserved_job.c.id).scalar_subquery()
+    # A reserved job is taken if it fits the free devices now (its owner's quota was
+    # checked when it was found), and nothing else is; without one, fair share's walk.
+    # Two branches rather than a reservation term in every probe: PostgreSQL read
+    # "id = coalesce(reserved, id)" as a term that keeps one row of the user's queue, and
+    # sorted all of it for each probe instead of reading ix_job_owner_claim in order.
+    taken = _job.alias("taken")
+    reserved_if_fits = (
+        select(taken.c.id)
+        .where(taken.c.id == reserved_id, *_claimable(taken, "free", "gpu_room", shape))
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
 
     def candidate(user: Any) -> Any:
-        best = _best_of(user, "candidate", "free", "gpu_room", shape, reservation)
+        best = _best_of(user, "candidate", "free", "gpu_room", shape)
         return best.with_for_update(skip_locked=True).scalar_subquery()
 
-    target = _first_user("claimant", candidate)
+    walk = _first_user("claimant", candidate)
+    target = case((reserved_id.is_(None), walk), else_=reserved_if_fits)
     # The one status it may come from, ALLOWED_FROM[running], spelled as the partial
     # indexes' literal (a test checks that the two agree).
     return (
