@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, StringConstraints
+from pydantic import AfterValidator, ConfigDict, StrictBool, StringConstraints
 from sqlalchemy import JSON, DateTime, Index, Row, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
 
@@ -215,6 +215,11 @@ class JobBase(SQLModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Same spec + seed => same weights.")
     precision: Precision = Field(Precision.fp32, sa_type=EnumAsString(Precision))
     priority: int = Field(0, ge=-100, le=100, description="Higher runs first.")
+    preemptible: StrictBool = Field(
+        True,
+        description="false: never stopped to make room for another job (only an admin may "
+        "submit such a job).",
+    )
     max_attempts: int = Field(3, ge=1, le=10)
     timeout_s: int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="Wall-clock limit per attempt."
@@ -309,6 +314,8 @@ class Job(JobBase, table=True):
     assigned_devices: list[int] | None = Field(None, sa_type=JSON)
     runner_pgid: int | None = None
     run_after: datetime | None = Field(None, sa_type=UTCDateTime)
+    # When it was last stopped to make room for another job: not again for a while.
+    preempted_at: datetime | None = Field(None, sa_type=UTCDateTime)
     idempotency_key: str | None = Field(None, max_length=200, unique=True)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(None, sa_type=UTCDateTime)

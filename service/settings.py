@@ -124,6 +124,16 @@ class Settings(BaseSettings):
         description="Fair share: a user's usage (device-seconds) counts half after this "
         "long; the queue starts the jobs of the user with the least usage first.",
     )
+    preempt_after_s: float | None = Field(
+        None,
+        ge=0,
+        description="A job queued this long may preempt running jobs it outranks (of a user "
+        "with a quarter of their usage or less, or their own of lower priority): they "
+        "checkpoint, stop and requeue without spending an attempt. Default: never.",
+    )
+    preempt_cooldown_s: float = Field(
+        3600.0, ge=0, description="A job preempted is not preempted again for this long."
+    )
     max_running_devices_per_user: int | None = Field(
         None,
         ge=1,

@@ -26,7 +26,7 @@ from service import audit
 from service.audit import Action
 from service.db import read_session, write_session
 from service.errors import NotAllowed, QueueQuotaReached, TokenNotFound, UserExists, UserNotFound
-from service.models import BOOTSTRAP_USER, ApiToken, Job, JobStatus, User, utcnow
+from service.models import BOOTSTRAP_USER, ApiToken, Job, JobCreate, JobStatus, User, utcnow
 from service.settings import Settings
 
 TOKEN_PREFIX = "ty_"
@@ -124,6 +124,12 @@ def check_may_act(who: Identity, owner: str, what: str) -> None:
 def check_admin(who: Identity, what: str) -> None:
     if not who.admin:
         raise NotAllowed(f"only an admin may {what} (you are {who.name})")
+
+
+def check_spec_rights(who: Identity, spec: JobCreate) -> None:
+    """What only an admin may ask of a job: that it is never preempted."""
+    if not spec.preemptible:
+        check_admin(who, "submit a job that is never preempted (preemptible: false)")
 
 
 def queue_limit(

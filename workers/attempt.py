@@ -58,6 +58,7 @@ class Attempt:
         self.script = claim.script
         self.devices = devices
         self.share_gb = claim.gpu_memory_gb  # of its one GPU; None: its devices whole
+        self.preempted_by: str | None = None  # who it was stopped for (StopReason.preempted)
         self.owner = claim.owner  # charged for its devices' time (fair share)
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the runner leads its own group

@@ -24,6 +24,7 @@ class StopReason(StrEnum):
     timeout = "timeout"  # the attempt ran past the job's timeout_s
     stalled = "stalled"  # no training step for stall_timeout_s
     shutdown = "shutdown"  # the worker is stopping; the job goes back to the queue
+    preempted = "preempted"  # stopped for a job that outranks it; back to the queue
     lease_lost = "lease_lost"  # the job may be another worker's: nothing more is written
 
 
@@ -56,11 +57,14 @@ def decide(
     timeout_s: int | None,
     stall_timeout_s: float,
     worker_id: str,
+    preempted_by: str | None = None,
 ) -> Outcome:
     """The outcome of an attempt whose processes are all gone.
 
-    A stop the supervisor asked for decides it whatever the runner said; then the
-    runner's report; with neither, the runner died (retried: the box may be at fault).
+    A stop the supervisor asked for decides it whatever the runner said (but a job
+    preempted that had just finished has succeeded); then the runner's report; with
+    neither, the runner died (retried: the box may be at fault). ``preempted_by``: who
+    the attempt was stopped for, in words.
     """
     if stop == StopReason.lease_lost:
         raise ValueError("an attempt whose lease was lost has no outcome to record")
@@ -82,6 +86,12 @@ def decide(
             JobStatus.queued,
             ReasonCode.worker_shutdown,
             f"worker {worker_id} shut down; the job resumes from its last checkpoint",
+        )
+    if stop == StopReason.preempted and not (report is not None and report.ok):
+        return Outcome(
+            JobStatus.queued,
+            ReasonCode.preempted,
+            f"preempted by {preempted_by}; resumes from its last checkpoint",
         )
     if report is None:
         how = how_it_ended(returncode)

@@ -36,6 +36,7 @@ from workers.launch import Launcher
 from workers.lease import Leases
 from workers.outage import DatabaseWatch
 from workers.outcome import RunnerReport, StopReason, decide
+from workers.preemptor import Preemptor
 from workers.recipes import Recipe, SkippedSource, find_recipes
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class Supervisor:
         self.recipes: dict[str, Recipe] = {}
         self.skipped_recipes: list[SkippedSource] = []  # published, so users see why
         self.database = DatabaseWatch()
+        self.preemptor = Preemptor(self.engine, settings)
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
             JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
@@ -138,6 +140,8 @@ class Supervisor:
                 self._supervise(now)
                 self._flush_logs()
                 claimed = not self._stopping and bool(self.database.call(self._claim))
+                if not claimed and not self._stopping and self.attempts:
+                    self.database.call(self._preempt)
                 if self._stopping and not self.attempts:
                     break
                 idle = drain and not claimed and not self.attempts
@@ -301,6 +305,17 @@ class Supervisor:
         log.info("job %s: claimed (attempt %d) on devices %s", fence.job_id, fence.attempt, held)
         return True
 
+    def _preempt(self) -> None:
+        """Stop running jobs here that a long-waiting job outranks, if it then fits."""
+        self.preemptor.check(
+            time.monotonic(),
+            self.attempts,
+            free=len(self.box.offer(self._holdings()).whole),
+            total=len(self.box.devices),
+            accelerator=self.box.accelerator,
+            recipes=sorted(self.recipes),
+        )
+
     def _pending(self) -> bool:
         return (
             store.pending_count(
@@ -359,6 +374,7 @@ class Supervisor:
             timeout_s=attempt.timeout_s,
             stall_timeout_s=self.settings.stall_timeout_s,
             worker_id=self.worker_id,
+            preempted_by=attempt.preempted_by,
         )
         attempt.note_ended(f"attempt {fence.attempt} ended: {outcome.reason_message}")
         self._write_lines(attempt)

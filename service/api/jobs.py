@@ -92,6 +92,7 @@ async def submit_job(
     # On the event loop: a submit holds a thread only where it must query (the cached
     # catalog expired, would refuse the spec or knows no worker; an Idempotency-Key is
     # looked up first).
+    users.check_spec_rights(who, spec)
     reason = catalogs.check_cached(spec) or await run_in_threadpool(catalogs.check, engine, spec)
     own_limits = users.OWN_LIMITS.cached()
     if own_limits is None:
@@ -181,6 +182,7 @@ def rerun_job(
         original = store.get_job(session, job_id)
         users.check_may_act(who, original.owner, f"job {job_id}")
         spec = store.spec_of(original)
+    users.check_spec_rights(who, spec)
     reason = catalogs.check(engine, spec)
     check_inputs(engine, blobs, PackageLimits.from_settings(settings), spec)
     queue_limit = users.queue_limit(users.OWN_LIMITS.get(engine), who.name, settings)

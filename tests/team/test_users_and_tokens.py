@@ -179,3 +179,15 @@ def test_a_server_without_a_token_acts_as_the_admin_unless_a_user_token_is_sent(
     assert client.get("/api/v1/me", headers=bearer(token["token"])).json()["name"] == "jo"
     client.post(f"/api/v1/tokens/{token['id']}/revoke")
     assert client.get("/api/v1/me", headers=bearer(token["token"])).status_code == 401
+
+
+def test_only_an_admin_may_submit_a_job_that_is_never_preempted(api: TestClient) -> None:
+    kim = add_user(api, "kim")
+    pinned = {**SPEC, "preemptible": False}
+    r = api.post("/api/v1/jobs", json=pinned, headers=bearer(kim))
+    assert r.status_code == 403 and "preemptible: false" in r.json()["detail"]
+    r = api.post("/api/v1/jobs", json=pinned, headers=ADMIN)
+    assert r.status_code == 201 and r.json()["preemptible"] is False
+    assert (
+        api.post("/api/v1/jobs", json={**SPEC, "preemptible": 0}, headers=ADMIN).status_code == 422
+    )
