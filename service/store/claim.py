@@ -257,7 +257,9 @@ def _any_fits(shape: Shape) -> Any:
 @functools.cache
 def _pending(shape: Shape) -> Any:
     claimable = _claimable(_job, "total", "gpu_total", shape, runnable=False)
-    return select(func.count()).select_from(_job).where(*claimable)
+    # as the claim walks the users: a job whose owner has no user row is never taken
+    owned = select(_user.c.name).where(_user.c.name == _job.c.owner).exists()
+    return select(func.count()).select_from(_job).where(*claimable, owned)
 
 
 # Before any job could have waited this long: nothing counts as starving.
@@ -340,7 +342,8 @@ def pending_count(
     recipes: list[str],
     gpu_total_gb: float = 0.0,
 ) -> int:
-    """Queued jobs this worker could ever run, including ones waiting out a retry back-off."""
+    """Queued jobs this worker could ever run, including ones waiting out a retry back-off
+    or their owner's running quota."""
     params = {
         "total": max_devices,
         "gpu_total": gpu_total_gb,

@@ -261,3 +261,11 @@ def test_usage_is_visible_in_the_api_and_prometheus(
     [alice] = [u for u in response.json() if u["name"] == "alice"]
     assert alice["queued_jobs"] == 2
     assert math.isclose(alice["usage_device_s"], DAY_S, rel_tol=1e-3)
+
+
+def test_a_job_of_no_known_user_is_neither_claimed_nor_pending(engine: Engine) -> None:
+    """The claim walks the users: a job whose owner has no user row is never taken, so a
+    draining worker does not wait for it either."""
+    enqueue(engine, "nobody")
+    assert store.claim_job(engine, **CLAIM) is None
+    assert store.pending_count(engine, max_devices=1, accelerator="cpu", recipes=["tiny"]) == 0
