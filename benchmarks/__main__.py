@@ -8,6 +8,7 @@ import sys
 BENCHMARKS = [
     ["footprint"],
     ["claims"],
+    ["fair_share"],
     ["listing"],
     ["latency"],
     ["overhead"],

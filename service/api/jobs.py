@@ -149,13 +149,19 @@ def list_jobs(
 
 @router.get("/{job_id}", summary="Get a job's status, reason and progress", responses=JOB_NOT_FOUND)
 @pooled
-def get_job(job_id: JobId, engine: EngineDep, catalog: CatalogDep) -> JobRead:
-    """One job, with its live progress and, while queued, its place in the queue."""
+def get_job(
+    job_id: JobId, engine: EngineDep, catalog: CatalogDep, settings: SettingsDep
+) -> JobRead:
+    """One job, with its live progress and, while queued, its place in the queue (in fair
+    share's order) and why it waits (devices, its owner's quota, other users' turn)."""
     with read_session(engine) as session:
         job = store.get_job(session, job_id)
-        read = JobRead.from_row(job, store.queue_position(session, job))
-    if read.queue_position is not None:
-        read.reason = waiting_reason(catalog, job, read.queue_position)
+        standing = store.queue_standing(
+            session, job, max_running_devices=settings.max_running_devices_per_user
+        )
+    read = JobRead.from_row(job, standing.position if standing is not None else None)
+    if standing is not None:
+        read.reason = waiting_reason(catalog, job, standing.position, standing)
     return read
 
 

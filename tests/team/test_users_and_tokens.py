@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text, update
 
+from service import store
 from service.app import create_app
 from service.models import ApiToken, utcnow
 from service.settings import Settings
@@ -191,3 +192,16 @@ def test_only_an_admin_may_submit_a_job_that_is_never_preempted(api: TestClient)
     assert (
         api.post("/api/v1/jobs", json={**SPEC, "preemptible": 0}, headers=ADMIN).status_code == 422
     )
+
+
+def test_a_job_past_its_owners_running_quota_says_so(api: TestClient, engine: Engine) -> None:
+    lee = add_user(api, "lee")
+    api.patch("/api/v1/users/lee", json={"max_running_devices": 1}, headers=ADMIN)
+    first, second = submit(api, lee), submit(api, lee)
+    claim = {"worker_id": "box", "free_devices": 2, "accelerator": "cpu", "lease_s": 30}
+    claimed = store.claim_job(engine, recipes=["mlp-regression"], **claim)
+    assert claimed is not None and claimed.fence.job_id == first["id"]
+    assert store.claim_job(engine, recipes=["mlp-regression"], **claim) is None
+    waiting = api.get(f"/api/v1/jobs/{second['id']}", headers=bearer(lee)).json()
+    assert waiting["reason"]["code"] == "quota", waiting["reason"]
+    assert "lee's jobs hold 1 of their 1 devices (quota)" in waiting["reason"]["message"]
