@@ -55,11 +55,10 @@ class UserCreate(SQLModel):
     admin: StrictBool = False
 
 
-class UserChange(SQLModel):
-    """An admin's change to a user: the fields given change; a quota given as null goes
-    back to the settings' default."""
+class UserQuotas(SQLModel):
+    """An admin's change to a user's own limits: the fields given change; one given as
+    null goes back to the settings' default."""
 
-    admin: StrictBool | None = None
     max_running_devices: int | None = Field(None, ge=1, le=1_000_000)
     max_queued_jobs: int | None = Field(None, ge=1, le=100_000_000)
 
@@ -213,15 +212,13 @@ def add_user(engine: Engine, who: Identity, new: UserCreate) -> UserRead:
         return _read(user)
 
 
-def change_user(engine: Engine, who: Identity, name: str, change: UserChange) -> UserRead:
-    check_admin(who, "change users")
+def set_quotas(engine: Engine, who: Identity, name: str, change: UserQuotas) -> UserRead:
+    check_admin(who, "change users' quotas")
     given = change.model_dump(include=change.model_fields_set)
     with write_session(engine) as session:
         user = session.get(User, name, with_for_update=True)
         if user is None:
             raise UserNotFound(name)
-        if given.get("admin") is None:
-            given.pop("admin", None)
         for field, value in given.items():
             setattr(user, field, value)
         audit.record(session, who.name, Action.user_changed, name, **given)

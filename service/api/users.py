@@ -19,9 +19,9 @@ from service.users import (
     TokenCreate,
     TokenCreated,
     TokenRead,
-    UserChange,
     UserCreate,
     UserName,
+    UserQuotas,
     UserRead,
 )
 
@@ -56,13 +56,13 @@ def add_user(new: UserCreate, engine: EngineDep, who: IdentityDep) -> UserRead:
 
 
 @router.patch(
-    "/users/{name}",
-    summary="Change a user's quotas or admin right (admins)",
+    "/users/{name}/quotas",
+    summary="Set a user's own quotas (admins); null: back to the default",
     responses=WRITE | JSON_BODY | NOT_ADMIN | NO_USER,
 )
 @pooled
-def change_user(name: Name, change: UserChange, engine: EngineDep, who: IdentityDep) -> UserRead:
-    return users.change_user(engine, who, name, change)
+def set_quotas(name: Name, quotas: UserQuotas, engine: EngineDep, who: IdentityDep) -> UserRead:
+    return users.set_quotas(engine, who, name, quotas)
 
 
 @router.post(

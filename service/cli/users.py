@@ -74,7 +74,7 @@ def set_quotas(
     if not change:
         raise typer.BadParameter("give --max-running-devices or --max-queued-jobs")
     with connect(url, token) as api:
-        user = call(api, "PATCH", f"/users/{name}", json=change)
+        user = call(api, "PATCH", f"/users/{name}/quotas", json=change)
     typer.echo(
         f"{user['name']}: max running devices {_limit(user['max_running_devices'])}, "
         f"max queued jobs {_limit(user['max_queued_jobs'])}"

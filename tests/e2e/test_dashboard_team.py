@@ -71,7 +71,7 @@ def team(stack: Stack) -> Iterator[Team]:
         assert made.status_code == 201, made.text
         tokens[name] = made.json()["token"]
     quotas = {"max_running_devices": 2, "max_queued_jobs": 10}
-    assert admin.patch("/users/alice", json=quotas).status_code == 200
+    assert admin.patch("/users/alice/quotas", json=quotas).status_code == 200
     t = Team(url, admin, client(url, tokens["alice"]), client(url, tokens["bob"]), tokens)
     try:
         yield t

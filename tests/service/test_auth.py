@@ -30,6 +30,15 @@ ROUTES = [
     ("GET", f"/api/v1/blobs/{DIGEST}"),
     ("DELETE", f"/api/v1/blobs/{DIGEST}"),
     ("GET", f"/api/v1/blobs/{DIGEST}/content"),
+    ("GET", "/api/v1/me"),
+    ("GET", "/api/v1/users"),
+    ("POST", "/api/v1/users"),
+    ("PATCH", "/api/v1/users/alice/quotas"),
+    ("POST", "/api/v1/users/alice/tokens"),
+    ("GET", "/api/v1/users/alice/tokens"),
+    ("POST", "/api/v1/tokens/1/revoke"),
+    ("GET", "/api/v1/audit"),
+    ("GET", "/api/v1/users/usage"),
 ]
 
 
@@ -43,6 +52,8 @@ def test_every_api_route_needs_the_token(settings: Settings, engine: Engine) -> 
             p.replace("/jobs/1", "/jobs/{job_id}")
             .replace("model.safetensors", "{name}")
             .replace(DIGEST, "{digest}")
+            .replace("/users/alice/", "/users/{name}/")
+            .replace("/tokens/1/", "/tokens/{token_id}/")
             for _, p in ROUTES
         }
         for method, path in ROUTES:

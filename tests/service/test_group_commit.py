@@ -15,7 +15,7 @@ from sqlalchemy import Engine, func, select, text
 from service import store
 from service.db import read_session, write_session
 from service.group_commit import GroupCommit, committer
-from service.models import Job, JobCreate
+from service.models import BOOTSTRAP_USER, Job, JobCreate
 from service.reasons import ReasonCode
 from service.store.submit import _insert_jobs, _row
 
@@ -70,7 +70,7 @@ def test_a_submit_cancelled_before_its_batch_is_never_written(engine: Engine) ->
     """A request whose client went away before its batch began is dropped; the writer
     carries on with the next."""
     writer = committer(engine, _insert_jobs)
-    row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"))
+    row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
     submits = []
     with first_batch_waiting(engine, writer, {**row, "seed": 0}) as first:
         assert not first.cancel()
@@ -107,7 +107,7 @@ def test_a_row_the_database_refuses_fails_only_its_own_submit(
     if "name" in refused and engine.dialect.name == "sqlite":
         pytest.skip("SQLite stores a NUL")
     writer = committer(engine, _insert_jobs)
-    row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"))
+    row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
     with first_batch_waiting(engine, writer, {**row, "seed": 0}) as first:
         good = [writer.enqueue({**row, "seed": i}) for i in range(1, 4)]
         bad = writer.enqueue({**row, **refused})

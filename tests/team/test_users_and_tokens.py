@@ -155,7 +155,7 @@ def test_the_audit_trail_says_who_did_what(api: TestClient) -> None:
 
 def test_a_submit_past_the_queued_quota_is_429(api: TestClient) -> None:
     hank = add_user(api, "hank")
-    r = api.patch("/api/v1/users/hank", json={"max_queued_jobs": 2}, headers=ADMIN)
+    r = api.patch("/api/v1/users/hank/quotas", json={"max_queued_jobs": 2}, headers=ADMIN)
     assert r.status_code == 200 and r.json()["max_queued_jobs"] == 2
     submit(api, hank)
     submit(api, hank)
@@ -164,7 +164,7 @@ def test_a_submit_past_the_queued_quota_is_429(api: TestClient) -> None:
     assert r.headers["Retry-After"] == "60"
     assert r.json()["detail"].startswith("hank has 2 jobs queued, the most allowed (2, hank's own")
     submit(api, add_user(api, "ivy"))  # another user's queue is not hank's
-    r = api.patch("/api/v1/users/hank", json={"max_queued_jobs": None}, headers=ADMIN)
+    r = api.patch("/api/v1/users/hank/quotas", json={"max_queued_jobs": None}, headers=ADMIN)
     assert r.json()["max_queued_jobs"] is None
     submit(api, hank)  # back to the default: no limit
 
@@ -196,7 +196,7 @@ def test_only_an_admin_may_submit_a_job_that_is_never_preempted(api: TestClient)
 
 def test_a_job_past_its_owners_running_quota_says_so(api: TestClient, engine: Engine) -> None:
     lee = add_user(api, "lee")
-    api.patch("/api/v1/users/lee", json={"max_running_devices": 1}, headers=ADMIN)
+    api.patch("/api/v1/users/lee/quotas", json={"max_running_devices": 1}, headers=ADMIN)
     first, second = submit(api, lee), submit(api, lee)
     claim = {"worker_id": "box", "free_devices": 2, "accelerator": "cpu", "lease_s": 30}
     claimed = store.claim_job(engine, recipes=["mlp-regression"], **claim)
