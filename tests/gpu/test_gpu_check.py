@@ -107,6 +107,9 @@ def test_junit_outcomes_become_node_ids(tmp_path: Path) -> None:
 
 @no_gpu_here
 @pytest.mark.slow
+# A whole pytest collection and a benchmark in subprocesses: ~95 s alone on a slow
+# 2-core box, and past the default 300 s there beside the rest of the suite.
+@pytest.mark.timeout(900)
 def test_the_rehearsal_takes_the_whole_path_and_prints_one_table() -> None:
     """The selection and the benchmark's one-device mode on one CPU slot (2 s a side,
     epochs of 32 steps: a check of the path, not a figure)."""
