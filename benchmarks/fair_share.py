@@ -24,18 +24,16 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, insert, select, update
+from sqlalchemy import Engine, insert, select
 
 from benchmarks.common import database, print_table, save
 from service import fair_share, store
 from service.db import make_engine, statement_connection, write_session
 from service.jobspec import served_accelerators
 from service.migrate import upgrade
-from service.models import NO_USAGE, Job, JobCreate, JobStatus, User, utcnow
-from service.reasons import ReasonCode
+from service.models import NO_USAGE, Job, JobCreate, User, utcnow
 from service.store import claim as claim_sql
-from service.store.tables import job_table, queued
-from service.store.transitions import NEXT_STATUS
+from service.store.tables import job_table
 
 HALF_LIFE_S = 7 * 24 * 3600.0
 CLAIM: dict[str, Any] = {"free_devices": 1, "total_devices": 1, "accelerator": "cpu",
@@ -83,25 +81,7 @@ def _plain() -> Any:
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
-    return (
-        update(job_table)
-        .where(job_table.c.id == target, queued(job_table))
-        .values(
-            status=JobStatus.running,
-            worker_id=bindparam("worker"),
-            lease_token=bindparam("token"),
-            lease_expires_at=bindparam("expires"),
-            started_at=bindparam("now"),
-            finished_at=None,
-            progress=None,
-            reason_code=ReasonCode.running,
-            reason_message=bindparam("message"),
-            **NEXT_STATUS,
-        )
-        .returning(
-            job_table.c.id, job_table.c.attempt, job_table.c.lease_token, *claim_sql._CLAIM_SPEC
-        )  # fmt: skip
-    )
+    return claim_sql._take(target)
 
 
 PLAIN = _plain()

@@ -19,14 +19,14 @@ from datetime import datetime
 from typing import Annotated, NamedTuple
 
 from pydantic import StrictBool, StringConstraints
-from sqlalchemy import Engine, func
+from sqlalchemy import Engine
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from service import audit
 from service.audit import Action
 from service.db import read_session, write_session
 from service.errors import NotAllowed, QueueQuotaReached, TokenNotFound, UserExists, UserNotFound
-from service.models import BOOTSTRAP_USER, ApiToken, Job, JobCreate, JobStatus, User, utcnow
+from service.models import BOOTSTRAP_USER, ApiToken, JobCreate, User, utcnow
 from service.settings import Settings
 
 TOKEN_PREFIX = "ty_"
@@ -145,18 +145,13 @@ def queue_limit(
     return None
 
 
-def check_queue_quota(engine: Engine, owner: str, limit: tuple[int, str]) -> None:
-    """Refuse a submit past the owner's limit on queued jobs (``queue_limit``). Read
-    before the insert, not in its transaction: submits of one user racing each other may
-    pass the limit by the few in flight."""
-    with read_session(engine) as session:
-        queued = session.exec(
-            select(func.count())
-            .select_from(Job)
-            .where(col(Job.owner) == owner, col(Job.status) == JobStatus.queued)
-        ).one()
+def check_queue_quota(owner: str, queued: int, limit: tuple[int, str]) -> None:
+    """Refuse a submit past the owner's limit on queued jobs (``queue_limit``), given how
+    many they have queued (``store.queued_count``, read before the insert, not in its
+    transaction: submits of one user racing each other may pass the limit by the few in
+    flight)."""
     if queued >= limit[0]:
-        raise QueueQuotaReached(owner, int(queued), *limit)
+        raise QueueQuotaReached(owner, queued, *limit)
 
 
 class OwnLimits:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
+from sqlalchemy import Engine
 from sqlmodel import col, select
 
 from service import audit, store, users
@@ -99,7 +100,7 @@ async def submit_job(
         own_limits = await run_in_threadpool(users.OWN_LIMITS.get, engine)
     queue_limit = users.queue_limit(own_limits, who.name, settings)
     if queue_limit is not None:
-        await run_in_threadpool(users.check_queue_quota, engine, who.name, queue_limit)
+        await run_in_threadpool(_check_queue_quota, engine, who.name, queue_limit)
     if spec.code is not None:  # its own code and data: stored, and the package safe
         limits = PackageLimits.from_settings(settings)
         await run_in_threadpool(check_inputs, engine, blobs, limits, spec)
@@ -120,6 +121,12 @@ async def submit_job(
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     return JobRead.from_row(job)
+
+
+def _check_queue_quota(engine: Engine, owner: str, limit: tuple[int, str]) -> None:
+    with read_session(engine) as session:
+        queued = store.queued_count(session, owner)
+    users.check_queue_quota(owner, queued, limit)
 
 
 @router.get("", summary="List jobs, newest first")
@@ -193,7 +200,7 @@ def rerun_job(
     check_inputs(engine, blobs, PackageLimits.from_settings(settings), spec)
     queue_limit = users.queue_limit(users.OWN_LIMITS.get(engine), who.name, settings)
     if queue_limit is not None:
-        users.check_queue_quota(engine, who.name, queue_limit)
+        _check_queue_quota(engine, who.name, queue_limit)
     job, _ = store.create_job(engine, spec, owner=who.name, reason=reason)
     audit.record_now(engine, who.name, Action.reran, f"job {job_id}", new_job=job.id)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"

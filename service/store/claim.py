@@ -221,7 +221,12 @@ def _take_one(shape: Shape) -> Any:
         return best.with_for_update(skip_locked=True).scalar_subquery()
 
     walk = _first_user("claimant", candidate)
-    target = case((reserved_id.is_(None), walk), else_=reserved_if_fits)
+    return _take(case((reserved_id.is_(None), walk), else_=reserved_if_fits))
+
+
+def _take(target: Any) -> Any:
+    """The UPDATE that makes the job ``target`` (a scalar subquery) running, if it is still
+    queued, returning what a ``Claim`` holds."""
     # The one status it may come from, ALLOWED_FROM[running], spelled as the partial
     # indexes' literal (a test checks that the two agree).
     return (
