@@ -142,8 +142,21 @@ class Instruments:
         )  # fmt: skip
 
 
+# The method label: a standard method as itself, any other token as "other". An h11
+# server passes whatever method a client sends, and a label per made-up method would be
+# a series per request.
+METHOD_LABELS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+)
+
+
+def method_label(method: str) -> str:
+    return method if method in METHOD_LABELS else "other"
+
+
 class RequestMetrics:
-    """ASGI middleware: count and time every request by its route template."""
+    """ASGI middleware: count and time every request by its route template and method
+    (made-up methods share one label)."""
 
     def __init__(self, app: Any, instruments: Instruments, templates: dict[int, str]) -> None:
         """``templates``: a route's full template by ``id(route)``, for routes included
@@ -168,7 +181,7 @@ class RequestMetrics:
             await self.app(scope, receive, send_and_note)
         finally:
             route = self._route_template(scope)
-            method = scope["method"]
+            method = method_label(scope["method"])
             self.instruments.requests.labels(method, route, str(status[0])).inc()
             self.instruments.latency.labels(method, route).observe(time.perf_counter() - start)
 

@@ -59,3 +59,31 @@ def test_distinct_hostile_paths_add_no_series(tmp_path: Path) -> None:
         "/api/v1/blobs/{digest}",
         "unmatched",
     }, routes
+
+
+def test_made_up_methods_share_one_label(tmp_path: Path) -> None:
+    """The method label is the method only when it is a standard one: 50 made-up methods
+    (an h11 server passes any token through) add at most the one "other" series per
+    route and status, never one each."""
+    url = f"sqlite:///{tmp_path / 'trainyard.db'}"
+    upgrade(url)
+    settings = Settings(
+        database_url=url,
+        data_dir=tmp_path / "data",
+        api_token=TOKEN,
+        allowed_hosts=["testserver"],
+        metrics_open=True,
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(settings)) as client:
+        client.request("FOO0", "/api/v1/jobs", headers=auth)
+        client.request("FOO0", "/no/such/page")
+        first = series(client.get("/metrics").text)
+        for i in range(1, 51):
+            client.request(f"FOO{i}", "/api/v1/jobs", headers=auth)
+            client.request(f"FOO{i}", "/no/such/page")
+        second = series(client.get("/metrics").text)
+    assert second == first, second - first  # 100 more made-up requests: no new series
+    methods = {method for method, _, _ in second}
+    assert not any(m.startswith("FOO") for m in methods), methods
+    assert "other" in methods, methods
