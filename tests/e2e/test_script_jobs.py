@@ -22,7 +22,8 @@ from tests.workers.test_strategies import relative_difference
 
 # The examples run on both databases; what happens to a script's processes and files
 # (a kill, SIGTERM, a cancel, a fetch) does not depend on the database, and each runs on
-# one (the store's part of each is tested on both, at the service level and with recipes).
+# one (the store's part of each is tested on both, at the service level and with recipes),
+# except a killed worker's recovery, which runs on both.
 pytestmark = pytest.mark.slow
 
 
@@ -164,7 +165,9 @@ def by_hand(tmp: Path, command: list[str]) -> dict[str, torch.Tensor]:
     return torch.load(out / "model.pt")  # type: ignore[no-any-return]
 
 
-@one_database("sqlite")
+# On both databases: the restarted worker's recovery (killing the old attempt's tree,
+# requeueing it) goes through the store, and on PostgreSQL the stopped runner's own
+# database connection stays open until that kill.
 def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
     stack: Stack, tmp_path: Path
 ) -> None:
