@@ -284,10 +284,16 @@ def _check_memory(catalog: Catalog, spec: JobCreate, eligible: list[Worker]) -> 
 
 
 def waiting_reason(
-    catalog: Catalog, job: JobLike, position: int, standing: Standing | None = None
+    catalog: Catalog,
+    job: JobLike,
+    position: int,
+    standing: Standing | None = None,
+    *,
+    joined: int = 0,
 ) -> Reason:
     """Why a queued job is still waiting, from the state of the workers and the queue
-    (``standing``, where known: its owner's quota and the users served before them)."""
+    (``standing``, where known: its owner's quota and the users served before them;
+    ``joined``: a multi-node job's nodes waiting with their devices free)."""
     now = utcnow()
     alive = catalog.alive()
     able = [
@@ -317,6 +323,11 @@ def waiting_reason(
         text = f"retrying in {(job.run_after - now).total_seconds():.0f}s"
     elif standing is not None and _over_quota(job, standing):
         code, text = ReasonCode.quota, _quota_text(job, standing)
+    elif job.nodes > 1:
+        code = ReasonCode.queued
+        text = f"waiting for {wants(job)}: {joined} of {job.nodes} nodes free"
+        if len(able) < job.nodes:
+            text += f" ({len(able)} running worker(s) could be one)"
     else:
         code, text = (
             ReasonCode.queued,
@@ -330,7 +341,7 @@ def waiting_reason(
 
 def _over_quota(job: JobLike, standing: Standing) -> bool:
     limit = standing.max_running_devices
-    return limit is not None and standing.running_devices + job.devices > limit
+    return limit is not None and standing.running_devices + job.devices * job.nodes > limit
 
 
 def _quota_text(job: JobLike, standing: Standing) -> str:

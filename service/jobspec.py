@@ -27,6 +27,8 @@ def largest_share_gb(devices: list[dict[str, Any]]) -> float:
 
 def wants(job: JobCreate | JobLike) -> str:
     """What a queued job waits for, in words."""
+    if job.nodes > 1:
+        return f"{job.nodes} nodes with {job.devices} free device(s) each"
     if job.gpu_memory_gb is not None:
         return f"{job.gpu_memory_gb:g} GiB free on one GPU"
     return f"{job.devices} free device(s)"
@@ -46,9 +48,9 @@ def resolve_accelerator(accelerator: Accelerator | str, worker: Accelerator | st
     return Accelerator(worker) if accelerator == Accelerator.auto else accelerator
 
 
-def world_size(strategy: Strategy | str, devices: int) -> int:
-    """Processes a job trains in: one per device for ddp, else one."""
-    return devices if resolve_strategy(strategy, devices) == Strategy.ddp else 1
+def world_size(strategy: Strategy | str, devices: int, nodes: int = 1) -> int:
+    """Processes a job trains in: one per device (on each of its nodes) for ddp, else one."""
+    return devices * nodes if resolve_strategy(strategy, devices) == Strategy.ddp else 1
 
 
 def threads_per_process(
@@ -108,6 +110,8 @@ def check_shape(spec: JobCreate) -> None:
         raise SpecInvalid.at(("devices",), "single trains on exactly one device; use ddp or dp")
     if spec.gpu_memory_gb is not None:
         _check_share(spec)
+    if spec.nodes > 1:
+        _check_nodes(spec)
     if is_script(spec):
         _check_script(spec)
     else:
@@ -125,6 +129,20 @@ def _check_share(spec: JobCreate) -> None:
     if spec.accelerator == Accelerator.cpu:
         raise SpecInvalid.at(
             ("accelerator",), "gpu_memory_gb is part of a GPU: use cuda or auto, not cpu"
+        )
+
+
+def _check_nodes(spec: JobCreate) -> None:
+    """A job across boxes is one DDP world: ddp, with whole devices on every node."""
+    if spec.strategy != Strategy.ddp:
+        raise SpecInvalid.at(
+            ("strategy",),
+            "nodes > 1 runs one DDP world across boxes: give strategy: ddp (single and dp "
+            "train in one process, on one box)",
+        )
+    if spec.gpu_memory_gb is not None:
+        raise SpecInvalid.at(
+            ("gpu_memory_gb",), "a job across boxes holds whole devices on every node"
         )
 
 
@@ -163,9 +181,11 @@ def _check_recipe(spec: JobCreate) -> None:
         if getattr(spec, name) is not None:
             raise SpecInvalid.at((name,), f"{name} is for script jobs (give code and entrypoint)")
     strategy = resolve_strategy(spec.strategy, spec.devices)
-    if strategy == Strategy.ddp and spec.batch_size % spec.devices:
+    ranks = world_size(strategy, spec.devices, spec.nodes)
+    if strategy == Strategy.ddp and spec.batch_size % ranks:
+        each = "devices" if spec.nodes == 1 else "nodes x devices"
         raise SpecInvalid.at(
             ("batch_size",),
-            f"ddp gives each of the {spec.devices} ranks batch_size/devices samples: "
-            f"batch_size must be a multiple of devices (got {spec.batch_size})",
+            f"ddp gives each of the {ranks} ranks batch_size/{each} samples: "
+            f"batch_size must be a multiple of {each} (got {spec.batch_size})",
         )

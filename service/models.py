@@ -72,6 +72,7 @@ def utcnow() -> datetime:
 # The user every request acts as without a token of a user's own: the bootstrap admin
 # token (TRAINYARD_API_TOKEN), or no token where the server has none (loopback only).
 BOOTSTRAP_USER = "admin"
+MAX_NODES = 64  # boxes one job may span
 USER_NAME_MAX = 64
 # A user's fair-share score before any usage (service.fair_share): below every real one.
 NO_USAGE = -1e300
@@ -191,6 +192,14 @@ class JobBase(SQLModel):
     )
     devices: int = Field(
         1, ge=1, le=1024, description="GPUs for the job; on CPU, processes for ddp."
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=MAX_NODES,
+        description="Boxes the job spans (ddp only, workers sharing a PostgreSQL database): "
+        "it starts when this many workers each have `devices` free, and trains on "
+        "nodes x devices ranks.",
     )
     accelerator: Accelerator = Field(
         Accelerator.auto,
@@ -342,6 +351,12 @@ class Progress(SQLModel):
     eta_s: float | None = None
 
 
+class JobNodeRead(SQLModel):
+    node: int
+    worker_id: str
+    devices: list[int]
+
+
 class JobRead(JobBase):
     """A job as the API shows it."""
 
@@ -364,6 +379,11 @@ class JobRead(JobBase):
     )
     worker_id: str | None = None
     assigned_devices: list[int] | None = None
+    node_list: list[JobNodeRead] | None = Field(
+        None,
+        description="A multi-node job: the workers and devices each of its nodes holds "
+        "(joined while it waits for the rest, held while it runs).",
+    )
     queue_position: int | None = Field(None, description="1 = next to run (queued jobs only).")
     created_at: datetime
     started_at: datetime | None = None
@@ -472,6 +492,25 @@ class AuditEvent(SQLModel, table=True):
     action: str = Field(max_length=32)
     target: str = Field(max_length=200)
     detail: dict[str, Any] | None = Field(None, sa_type=JSON)
+
+
+class JobNode(SQLModel, table=True):
+    """One worker's place in a multi-node job (``nodes`` > 1): the gang it forms with
+    the others before the job starts, and holds while it runs (service.store.gang)."""
+
+    __tablename__ = "job_node"
+
+    job_id: int = Field(primary_key=True)
+    node: int = Field(primary_key=True, description="0 .. nodes-1: the order they joined")
+    worker_id: str = Field(max_length=200, index=True)
+    devices: list[int] = Field(default_factory=list, sa_type=JSON)
+    # Where this node would serve the rendezvous (node 0's is the job's): address:port.
+    endpoint: str = Field(max_length=300)
+    joined_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    renewed_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Set when this node's ranks ended well: it no longer renews, and is not lost.
+    done_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    runner_pgid: int | None = None
 
 
 class Worker(SQLModel, table=True):

@@ -155,6 +155,33 @@ class Settings(BaseSettings):
         "(out_of_memory) instead of the kernel killing some process.",
     )
 
+    # Jobs across boxes (nodes > 1, workers sharing PostgreSQL): see docs/architecture.md.
+    shared_dir: Path | None = Field(
+        None,
+        description="A folder every box mounts at this path (NFS, ...): where a job across "
+        "boxes keeps its checkpoints, so its next attempt resumes on whichever boxes take "
+        "it. A worker without it takes no job across boxes.",
+    )
+    advertise_address: str = Field(
+        "127.0.0.1",
+        max_length=255,
+        description="The address other boxes reach this worker at: a job across boxes "
+        "whose first node is here serves its rendezvous on it.",
+    )
+    socket_ifname: str | None = Field(
+        None,
+        max_length=64,
+        description="The network interface a job across boxes' ranks talk on "
+        "(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Default: loopback's while "
+        "ADVERTISE_ADDRESS is a loopback address, else torch's own choice.",
+    )
+    gang_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a worker holds its devices for a job across boxes whose "
+        "other nodes have not come; then it gives them back (and the rendezvous' limit).",
+    )
+
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: object) -> object:
@@ -176,7 +203,7 @@ class Settings(BaseSettings):
 
     def require_safe_bind(self) -> None:
         """Refuse to serve a non-loopback address without a token."""
-        if self.api_token or _is_loopback(self.host):
+        if self.api_token or is_loopback(self.host):
             return
         raise SystemExit(
             f"refusing to listen on {self.host} without TRAINYARD_API_TOKEN: "
@@ -184,7 +211,7 @@ class Settings(BaseSettings):
         )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -59,6 +59,8 @@ class Attempt:
         self.devices = devices
         self.share_gb = claim.gpu_memory_gb  # of its one GPU; None: its devices whole
         self.preempted_by: str | None = None  # who it was stopped for (StopReason.preempted)
+        self.node: int | None = None  # a job across boxes: this worker's node of it
+        self.lost_node: str | None = None  # the other node it stopped for (node_lost)
         self.owner = claim.owner  # charged for its devices' time (fair share)
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the runner leads its own group

@@ -97,11 +97,13 @@ class Launcher:
         memory_limit: int | None = None,
         gpu_memory_fraction: float | None = None,
         on_exit: Callable[[], None] | None = None,
+        node: list[str] | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
         ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
         ``memory_limit``: bytes each of its processes may hold (``Box.memory_limit``);
-        ``gpu_memory_fraction``: the part of its GPU a job sharing one may allocate."""
+        ``gpu_memory_fraction``: the part of its GPU a job sharing one may allocate;
+        ``node``: a job across boxes' runner arguments for this node (``--node`` ...)."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         JobFiles.of(self.settings.data_dir, claim.fence.job_id).clear_attempt(claim.fence.attempt)
@@ -113,6 +115,7 @@ class Launcher:
         ]  # fmt: skip
         if memory_limit is not None:
             args += ["--memory-limit", str(memory_limit)]
+        args += node or []
         env = {
             **self._env,
             "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash

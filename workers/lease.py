@@ -71,6 +71,13 @@ class Leases:
                 expiry = job.lease_expires_at.timestamp()
                 killed = kill_leftovers(job.runner_pgid, expiry, self.kill_grace_s)
                 log.warning("job %s: killed %d process(es) left by a previous run", job.id, killed)
+        for held in store.gang.held_by(self.engine, worker_id):  # its nodes across boxes
+            if held.status == JobStatus.queued:  # it was waiting in the job's gang
+                store.gang.leave(self.engine, held.job_id, worker_id)
+            elif held.runner_pgid is not None and held.lease_expires_at is not None:
+                expiry = held.lease_expires_at.timestamp()
+                killed = kill_leftovers(held.runner_pgid, expiry, self.kill_grace_s)
+                log.warning("job %s: killed %d process(es) of its node", held.job_id, killed)
         for job_id in store.abandon_worker_jobs(self.engine, worker_id):
             log.warning("job %s: requeued after this worker restarted", job_id)
 

@@ -35,15 +35,24 @@ RENDEZVOUS_BACKEND = "trainyard-loopback"
 
 def loopback_store(world_size: int | None, timeout_s: float) -> dist.TCPStore:
     """A rendezvous store served on 127.0.0.1 only, on a port the kernel picks."""
+    return bound_store(LOOPBACK, 0, world_size, timeout_s)  # port 0: no race for it
+
+
+def bound_store(address: str, port: int, world_size: int | None, timeout_s: float) -> dist.TCPStore:
+    """A rendezvous store served on ``address`` only (a job across boxes: the address its
+    first node's worker advertises), on ``port`` (0: one the kernel picks)."""
     import torch.distributed as dist
 
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
     try:
-        listener.bind((LOOPBACK, 0))  # port 0: no window between choosing and binding
+        # a retried attempt may bind the port its last one used, still in TIME_WAIT
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((address, port))
         listener.listen(LISTEN_BACKLOG)
         port = listener.getsockname()[1]
         store = dist.TCPStore(
-            LOOPBACK,
+            address,
             port,
             world_size,
             is_master=True,
@@ -95,11 +104,25 @@ def _rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
         def name(self) -> str:  # the launch checks that the handler is the one it asked for
             return RENDEZVOUS_BACKEND
 
+    from torch.distributed.elastic.rendezvous import RendezvousInfo
+    from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
     store = params.config["store"]
     handler = create_handler(store, Backend(store, params.run_id), params)
+    # Every rank meets on this store, wherever torch's rendezvous puts rank 0: it would
+    # name rank 0's node as the ranks' MASTER_ADDR, with this store's port.
+    host, _, port = params.endpoint.rpartition(":")
+    meet_here = RendezvousStoreInfo(host.strip("[]"), int(port))
+    next_rendezvous = handler.next_rendezvous
+
+    def rendezvous_here() -> RendezvousInfo:
+        info = next_rendezvous()
+        return RendezvousInfo(info.store, info.rank, info.world_size, meet_here)
+
+    handler.next_rendezvous = rendezvous_here  # type: ignore[method-assign]
     # The first node's agent hosts a second store, for the ranks' own init_process_group
     # (they join it as clients: TORCHELASTIC_USE_AGENT_STORE), bound to every interface.
-    # On one box that agent is ours, and the store it hosts can be this one: the ranks'
-    # keys live under their own prefix (/worker/attempt_N).
+    # That store can be this one (the rank 0 agent's own, or a client of it elsewhere):
+    # the ranks' keys live under their own prefix (/worker/attempt_N).
     handler._create_tcp_store_server = lambda _addr, _port: store  # type: ignore[method-assign,assignment]
     return handler

@@ -26,6 +26,7 @@ class StopReason(StrEnum):
     shutdown = "shutdown"  # the worker is stopping; the job goes back to the queue
     preempted = "preempted"  # stopped for a job that outranks it; back to the queue
     lease_lost = "lease_lost"  # the job may be another worker's: nothing more is written
+    node_lost = "node_lost"  # a job across boxes lost another node: every node stops
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class RunnerReport:
     result: dict[str, float] | None = None  # final metrics, when ok
     preempted: str | None = None  # where it stopped after a SIGTERM, with a checkpoint
     error: dict[str, Any] | None = None  # workers.errors.describe() of the failure
+    # A job across boxes: whether global rank 0 trained here. Only that node's report
+    # (its result) ends the job; the others' ranks ending well ends their part only.
+    leader: bool = True
 
     def write(self, path: Path) -> None:
         write_atomic(path, json.dumps(asdict(self)))
@@ -58,13 +62,15 @@ def decide(
     stall_timeout_s: float,
     worker_id: str,
     preempted_by: str | None = None,
+    lost_node: str | None = None,
 ) -> Outcome:
     """The outcome of an attempt whose processes are all gone.
 
     A stop the supervisor asked for decides it whatever the runner said (but a job
     preempted that had just finished has succeeded); then the runner's report; with
     neither, the runner died (retried: the box may be at fault). ``preempted_by``: who
-    the attempt was stopped for, in words.
+    the attempt was stopped for, in words; ``lost_node``: which other node of a job
+    across boxes went silent.
     """
     if stop == StopReason.lease_lost:
         raise ValueError("an attempt whose lease was lost has no outcome to record")
@@ -79,6 +85,13 @@ def decide(
             JobStatus.failed,
             ReasonCode.stalled,
             f"no training step for {stall_timeout_s:.0f}s; stopped",
+            retryable=True,
+        )
+    if stop == StopReason.node_lost:
+        return Outcome(
+            JobStatus.failed,
+            ReasonCode.worker_lost,
+            f"{lost_node} stopped renewing its lease; every node stopped",
             retryable=True,
         )
     if stop == StopReason.shutdown:

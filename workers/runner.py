@@ -25,7 +25,7 @@ from service.models import Job, Strategy
 from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence, load_job
-from workers import environment, script, strategies
+from workers import environment, multinode, script, strategies
 from workers.blob_cache import BlobCache
 from workers.errors import NotRetryable, describe
 from workers.handoff import read_stdin
@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--memory-limit", type=int, help="bytes of data per process")
+    # a job across boxes: this node's place (workers.multinode)
+    parser.add_argument("--node", type=int, help="this node, 0 .. nodes-1")
+    parser.add_argument("--rendezvous", help="node 0's address:port")
+    parser.add_argument("--node-workers", help="each node's worker, by node, comma-separated")
     args = parser.parse_args(argv)
     if args.memory_limit is not None:  # first: every process of the attempt inherits it
         limit_memory(args.memory_limit)
@@ -74,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             engine.dispose()
         if job.entrypoint is not None:
             report = script.run(settings, fence, prepared)
+        elif args.node is not None:
+            node = _node(settings, args)
+            report = multinode.run(spec, node, recipe, params, DbReports(settings, fence))
         else:
             result = strategies.run(spec, DbReports(settings, fence), recipe=recipe, params=params)
             report = RunnerReport(ok=True, result=result)
@@ -88,6 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return 0 if report.ok else 1
+
+
+def _node(settings: Settings, args: argparse.Namespace) -> multinode.Node:
+    workers = tuple(args.node_workers.split(","))
+    return multinode.Node(
+        node=args.node,
+        nodes=len(workers),
+        rendezvous=args.rendezvous,
+        workers=workers,
+        address=settings.advertise_address,
+        timeout_s=settings.gang_timeout_s,
+        socket_ifname=settings.socket_ifname,
+    )
 
 
 def _prepare_script(
@@ -119,6 +139,7 @@ def prepare(
         recipes_dir=settings.recipes_dir,
         attempt=fence.attempt,
         package=package,
+        shared_dir=settings.shared_dir,
     )
     _record(engine, fence, spec.files, environment.record(spec, recipe, worker_id=job.worker_id))
     if spec.strategy != Strategy.ddp:

@@ -184,11 +184,30 @@ def _rank_main(
         timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     log.info("rank %d of %d joined the %s group", rank, spec.world_size, dist.get_backend())
+    train_in_group(rank, spec, loaded, reports, device)
+    # Leave without the interpreter's teardown. Even after a barrier and a clean
+    # destroy_process_group(), a gloo rank still aborted at exit once in CI ("terminate
+    # called without an active exception": a C++ thread destroyed while joinable during
+    # finalisation). Everything this rank owes is done: rank 0's points are written and
+    # its result is in its file, its output flushed, its checkpoints os.replace()d.
+    # So exit now, with status 0.
+    os._exit(0)
+
+
+def train_in_group(
+    rank: int,
+    spec: RunSpec,
+    loaded: tuple[Recipe, BaseModel] | None,
+    reports: Reports | None,
+    device: torch.device,
+) -> None:
+    """A DDP rank in its joined group: train, meet the others at a barrier, leave the
+    group; a failure is left in the rank's error file first."""
     clean = False
     try:
         recipe, params = loaded or load(spec)
         # Rank 0's reporter is closed (its points written) as this block ends, before
-        # the barrier: nothing is left in it when the rank leaves with os._exit below.
+        # the barrier: nothing is left in it when the rank leaves (with os._exit).
         with _opened(reports if rank == 0 else None) as sink:
             _train_rank(rank, spec, recipe, params, device, sink)
         # Every rank reaches this before any tears down: destroying the group while a
@@ -203,13 +222,6 @@ def _rank_main(
             dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
-    # Leave without the interpreter's teardown. Even after a barrier and a clean
-    # destroy_process_group(), a gloo rank still aborted at exit once in CI ("terminate
-    # called without an active exception": a C++ thread destroyed while joinable during
-    # finalisation). Everything this rank owes is done: rank 0's points are written and
-    # its result is in its file, its output flushed above, its checkpoints os.replace()d.
-    # So exit now, with status 0.
-    os._exit(0)
 
 
 def _train_rank(

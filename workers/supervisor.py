@@ -31,6 +31,7 @@ from service.wakeup import JobListener, can_listen
 from workers import gpu_share
 from workers.attempt import Attempt
 from workers.devices import Box
+from workers.gangs import Gangs, Start
 from workers.jobfiles import JobFiles
 from workers.launch import Launcher
 from workers.lease import Leases
@@ -103,6 +104,7 @@ class Supervisor:
         self.skipped_recipes: list[SkippedSource] = []  # published, so users see why
         self.database = DatabaseWatch()
         self.preemptor = Preemptor(self.engine, settings)
+        self.gangs = Gangs(self.engine, settings, self.worker_id)  # jobs across boxes
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
             JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
@@ -223,7 +225,22 @@ class Supervisor:
         jobs_by_pid = {p: a.job_id for a in self.attempts.values() for p in a.pids_seen}
         catalog.worker_heartbeat(self.engine, self.worker_id, self.box.sample(jobs_by_pid))
         self.leases.renew()
+        if self.gangs.enabled:
+            self._renew_nodes()
         self._charge(list(self.attempts.values()))
+
+    def _renew_nodes(self) -> None:
+        """This worker's nodes of jobs across boxes are alive; a job one of whose other
+        nodes went silent is stopped here too (its ranks would wait on the lost one)."""
+        store.gang.renew_nodes(self.engine, self.worker_id)
+        nodes = [job_id for job_id, a in self.attempts.items() if a.node is not None]
+        for job_id, lost in store.gang.lost_nodes(
+            self.engine, nodes, self.settings.lease_s
+        ).items():
+            who = ", ".join(f"node {m.node} (worker {m.worker_id})" for m in lost)
+            attempt = self.attempts[job_id]
+            attempt.lost_node = who
+            attempt.request_stop(StopReason.node_lost, self.settings.kill_grace_s)
 
     def _charge(self, attempts: list[Attempt]) -> None:
         """Charge the attempts' owners the device-seconds since the last charge (fair
@@ -255,6 +272,18 @@ class Supervisor:
             # running and no heartbeat meanwhile. A warm worker may take the job instead;
             # this one is woken when its zygote is ready.
             return False
+        if self.gangs.enabled:  # jobs across boxes first: their gangs hold devices
+            start = self.gangs.step(
+                self.box.offer(self._holdings()).whole,
+                len(self.box.devices),
+                self.box.accelerator,
+                sorted(self.recipes),
+            )
+            if start is not None:
+                self._start_node(start)
+                return True
+            if self.gangs.reserving:
+                return False  # the devices this job waits for are not handed out meanwhile
         offer = self.box.offer(self._holdings())
         asked = time.monotonic()  # the lease starts no earlier than this
         claim = store.claim_job(
@@ -282,6 +311,44 @@ class Supervisor:
             assert device is not None
             held = [device]
             share = gpu_share.fraction(claim.gpu_memory_gb, self.box.memory_mb(device))
+        attempt = self._launch(claim, held, asked, share=share)
+        store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
+        shared = "" if share is None else f" ({claim.gpu_memory_gb:g} GiB of it, shared)"
+        attempt.note(
+            f"attempt {fence.attempt} started on {self.worker_id}, "
+            f"{self.box.accelerator} devices {held}{shared}, runner pid {attempt.pgid}"
+        )
+        log.info("job %s: claimed (attempt %d) on devices %s", fence.job_id, fence.attempt, held)
+        return True
+
+    def _start_node(self, start: Start) -> None:
+        """Start this worker's node of a job across boxes whose gang is whole."""
+        claim, held = start.claim, start.devices
+        node = ["--node", str(start.node), "--rendezvous", start.rendezvous]
+        node += ["--node-workers", ",".join(start.workers)]
+        attempt = self._launch(claim, held, time.monotonic(), node=node)
+        attempt.node = start.node
+        fence = claim.fence
+        if start.node == 0:  # the job's own record names node 0's runner
+            store.record_start(self.engine, fence, devices=held, pgid=attempt.pgid)
+        store.gang.node_started(self.engine, fence, self.worker_id, attempt.pgid)
+        attempt.note(
+            f"attempt {fence.attempt} started node {start.node} of {len(start.workers)} "
+            f"on {self.worker_id}, {self.box.accelerator} devices {held}, "
+            f"rendezvous {start.rendezvous}, runner pid {attempt.pgid}"
+        )
+        log.info("job %s: node %d started (attempt %d)", fence.job_id, start.node, fence.attempt)
+
+    def _launch(
+        self,
+        claim: store.Claim,
+        held: list[int],
+        asked: float,
+        *,
+        share: float | None = None,
+        node: list[str] | None = None,
+    ) -> Attempt:
+        """Start the claim's runner on ``held``; the attempt is this worker's from now."""
         processes = jobspec.world_size(claim.strategy, claim.devices)
         threads = jobspec.threads_per_process(len(held), len(self.box.devices), processes)
         attempt = self.launcher.start(
@@ -294,16 +361,10 @@ class Supervisor:
             memory_limit=self.box.memory_limit(held, processes),
             gpu_memory_fraction=share,
             on_exit=self._wake.set,
+            node=node,
         )
-        self.attempts[fence.job_id] = attempt
-        store.record_start(self.engine, attempt.fence, devices=held, pgid=attempt.pgid)
-        shared = "" if share is None else f" ({claim.gpu_memory_gb:g} GiB of it, shared)"
-        attempt.note(
-            f"attempt {fence.attempt} started on {self.worker_id}, "
-            f"{self.box.accelerator} devices {held}{shared}, runner pid {attempt.pgid}"
-        )
-        log.info("job %s: claimed (attempt %d) on devices %s", fence.job_id, fence.attempt, held)
-        return True
+        self.attempts[claim.fence.job_id] = attempt
+        return attempt
 
     def _preempt(self) -> None:
         """Stop running jobs here that a long-waiting job outranks, if it then fits."""
@@ -329,7 +390,10 @@ class Supervisor:
         )
 
     def _holdings(self) -> list[gpu_share.Holding]:
-        return [gpu_share.Holding(a.devices, a.share_gb) for a in self.attempts.values()]
+        held = [gpu_share.Holding(a.devices, a.share_gb) for a in self.attempts.values()]
+        if self.gangs.held():  # waiting for a gang's other nodes
+            held.append(gpu_share.Holding(self.gangs.held(), None))
+        return held
 
     def _room_left(self) -> bool:
         """Whether a job could still start here: a device no attempt holds, or room on a
@@ -375,7 +439,15 @@ class Supervisor:
             stall_timeout_s=self.settings.stall_timeout_s,
             worker_id=self.worker_id,
             preempted_by=attempt.preempted_by,
+            lost_node=attempt.lost_node,
         )
+        follower = report is not None and not report.leader
+        if attempt.node is not None and outcome.status == JobStatus.succeeded and follower:
+            # its ranks are done; the node with global rank 0 ends the job
+            attempt.note_ended(f"attempt {fence.attempt}: node {attempt.node} done")
+            self._write_lines(attempt)
+            store.gang.node_done(self.engine, fence.job_id, self.worker_id)
+            return True
         attempt.note_ended(f"attempt {fence.attempt} ended: {outcome.reason_message}")
         self._write_lines(attempt)
         if outcome.status == JobStatus.queued:  # handed back (shutdown, preempted)
@@ -392,6 +464,7 @@ class Supervisor:
         if self.listener is not None:
             self.listener.stop()
         self.leases.stop_watchdog()
+        self.database.call(self.gangs.leave_all)
         for attempt in self.attempts.values():
             attempt.request_stop(StopReason.shutdown, 0.0)
         grace_s = self.settings.kill_grace_s

@@ -28,7 +28,8 @@ from service.api.responses import GUARDED, JOB_NOT_FOUND, JSON_BODY, SPEC_REFUSE
 from service.artifacts import artifact_path, list_artifacts
 from service.audit import Action
 from service.catalog import waiting_reason
-from service.db import read_session
+from service.db import is_sqlite, read_session
+from service.errors import SpecInvalid
 from service.inputs import check_inputs
 from service.models import (
     JOB_EXAMPLE,
@@ -37,6 +38,7 @@ from service.models import (
     SCRIPT_EXAMPLE,
     JobCreate,
     JobList,
+    JobNodeRead,
     JobRead,
     JobStatus,
     LogLine,
@@ -94,6 +96,7 @@ async def submit_job(
     # catalog expired, would refuse the spec or knows no worker; an Idempotency-Key is
     # looked up first).
     users.check_spec_rights(who, spec)
+    _check_database(engine, spec)
     reason = catalogs.check_cached(spec) or await run_in_threadpool(catalogs.check, engine, spec)
     own_limits = users.OWN_LIMITS.cached()
     if own_limits is None:
@@ -121,6 +124,16 @@ async def submit_job(
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     return JobRead.from_row(job)
+
+
+def _check_database(engine: Engine, spec: JobCreate) -> None:
+    """A job across boxes needs workers on several boxes, which share PostgreSQL."""
+    if spec.nodes > 1 and is_sqlite(engine):
+        raise SpecInvalid.at(
+            ("nodes",),
+            "nodes > 1 spans several boxes, whose workers share one PostgreSQL database; "
+            "this server's database is SQLite, which serves the workers of one box",
+        )
 
 
 def _check_queue_quota(engine: Engine, owner: str, limit: tuple[int, str]) -> None:
@@ -166,9 +179,14 @@ def get_job(
         standing = store.queue_standing(
             session, job, max_running_devices=settings.max_running_devices_per_user
         )
+        nodes = store.gang.nodes_of(session, [job_id]).get(job_id, []) if job.nodes > 1 else []
     read = JobRead.from_row(job, standing.position if standing is not None else None)
+    if job.nodes > 1:
+        read.node_list = [
+            JobNodeRead(node=n.node, worker_id=n.worker_id, devices=n.devices) for n in nodes
+        ]
     if standing is not None:
-        read.reason = waiting_reason(catalog, job, standing.position, standing)
+        read.reason = waiting_reason(catalog, job, standing.position, standing, joined=len(nodes))
     return read
 
 
@@ -196,6 +214,7 @@ def rerun_job(
         users.check_may_act(who, original.owner, f"job {job_id}")
         spec = store.spec_of(original)
     users.check_spec_rights(who, spec)
+    _check_database(engine, spec)
     reason = catalogs.check(engine, spec)
     check_inputs(engine, blobs, PackageLimits.from_settings(settings), spec)
     queue_limit = users.queue_limit(users.OWN_LIMITS.get(engine), who.name, settings)

@@ -10,11 +10,13 @@
   environment record.
 - ``usage``: users' fair share and quotas: charging usage, running devices, queued
   counts, the usage listing.
+- ``gang``: multi-node jobs: joining a job's gang, starting it whole, its nodes' renewals.
 - ``tables``: the Core tables and the queue predicate the partial indexes match.
 
 Callers use the names re-exported here (``store.claim_job``, ``store.Fence``).
 """
 
+from service.store import gang
 from service.store.claim import Claim, Held, claim_job, pending_count, record_start, renew_lease
 from service.store.queries import (
     Standing,
@@ -55,6 +57,7 @@ __all__ = [
     "create_job",
     "enqueue_job",
     "expire_leases",
+    "gang",
     "finish_attempt",
     "get_job",
     "list_jobs",

@@ -67,6 +67,7 @@ def _claimable(
     recipes: list[Any] = [bindparam(f"recipe_{i}") for i in range(shape[1])]
     where = [
         queued(job),
+        job.c.nodes == 1,  # a job across boxes starts when its gang is whole (gang.py)
         # Whole devices, or a share of one GPU (gpu_memory_gb): never both, so a shared
         # GPU is never handed out whole, nor a whole one shared (the worker's room is 0
         # on a box without GPUs).

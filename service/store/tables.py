@@ -11,10 +11,11 @@ from typing import Any
 
 from sqlalchemy import literal_column
 
-from service.models import Job, JobStatus, LogLine
+from service.models import Job, JobNode, JobStatus, LogLine
 
 job_table = Job.__table__  # type: ignore[attr-defined]
 log_table = LogLine.__table__  # type: ignore[attr-defined]
+node_table = JobNode.__table__  # type: ignore[attr-defined]
 
 
 def queued(job: Any) -> Any:

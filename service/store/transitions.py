@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, delete, or_, select, update
 from sqlmodel import Session, col
 
 from service import audit
@@ -26,7 +26,7 @@ from service.db import write_session
 from service.errors import InvalidTransition, JobNotFound
 from service.models import Job, JobStatus, utcnow
 from service.reasons import ReasonCode
-from service.store.tables import job_table
+from service.store.tables import job_table, node_table
 from service.users import BOOTSTRAP, Identity, check_may_act
 from service.wakeup import announce_job
 
@@ -114,6 +114,9 @@ def _transition(
     job = session.exec(stmt).scalar_one_or_none()
     if job is not None and to == S.queued:
         announce_job(session)  # a retry or a job handed back: claimable again
+    if job is not None and job.nodes > 1 and to not in ACTIVE:
+        # a job across boxes is off its nodes: the next attempt forms a new gang
+        session.exec(delete(node_table).where(node_table.c.job_id == job_id))
     return job
 
 
@@ -251,10 +254,12 @@ def expire_leases(engine: Engine) -> list[int]:
 
 
 def abandon_worker_jobs(engine: Engine, worker_id: str) -> list[int]:
-    """Requeue the jobs a worker held before it restarted (its processes are already killed)."""
+    """Requeue the jobs a worker held before it restarted (its processes are already
+    killed): its own, and those across boxes it was a node of."""
+    its_nodes = select(node_table.c.job_id).where(node_table.c.worker_id == worker_id)
     return _abandon(
         engine,
-        [Job.worker_id == worker_id],
+        [or_(Job.worker_id == worker_id, col(Job.id).in_(its_nodes))],
         R.worker_restarted,
         "worker {worker} restarted while running the job",
     )

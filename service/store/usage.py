@@ -26,8 +26,8 @@ HOLDING = (JobStatus.running, JobStatus.cancelling)
 
 
 def running_devices(owner: Any) -> Any:
-    """SQL: the devices ``owner``'s jobs hold now (a share of a GPU counts as 1: its job
-    asks for ``devices: 1``), by ix_job_owner_status.
+    """SQL: the devices ``owner``'s jobs hold now, on every node (a share of a GPU counts
+    as 1: its job asks for ``devices: 1``), by ix_job_owner_status.
 
     The claim evaluates it only where a quota is in force (``quota_limit`` is not NULL).
     Known gap: SQLite with statistics from a burst (ANALYZE while one owner had every
@@ -35,7 +35,8 @@ def running_devices(owner: Any) -> Any:
     SQLite, and without statistics it reads the index."""
     held = _job.alias("held")
     holding = held.c.status.in_([literal_column(f"'{s.value}'") for s in HOLDING])
-    total = select(func.coalesce(func.sum(held.c.devices), 0))
+    # a job across boxes holds its devices on every node
+    total = select(func.coalesce(func.sum(held.c.devices * held.c.nodes), 0))
     # correlated to whatever names ``owner``, however deep it is nested
     return total.where(held.c.owner == owner, holding).correlate_except(held).scalar_subquery()
 

@@ -57,7 +57,7 @@ def save(
         # must not leave a gap, so a resumed run sends them again (repeats are ignored).
         "metrics": [p.as_dict() for p in unconfirmed],
     }
-    folder = spec.files.checkpoints
+    folder = spec.checkpoints
     # Names sort in training order, so the newest checkpoint is the last one.
     path = folder / f"epoch-{at.epoch:06d}-batch-{at.batch:08d}.pt"
     write_atomic(path, lambda p: torch.save(state, p), fsync=True)
@@ -73,7 +73,7 @@ def resume(
     rank: int,
 ) -> tuple[Position, list[MetricPoint]]:
     """Load the newest readable checkpoint, if any: where to continue, points to resend."""
-    for path in sorted(spec.files.checkpoints.glob("epoch-*.pt"), reverse=True):
+    for path in sorted(spec.checkpoints.glob("epoch-*.pt"), reverse=True):
         try:
             state = torch.load(path, map_location=device, weights_only=True)
         except Exception:  # a damaged file: fall back to the one before

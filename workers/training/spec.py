@@ -49,6 +49,9 @@ class RunSpec:
     package: str | None = None  # an uploaded package defining the recipe (unpacked here)
     threads: int = 1  # torch intra-op threads per process on CPU
     attempt: int = 1
+    nodes: int = 1  # boxes it spans (ddp): world_size is nodes x devices
+    # a job across boxes checkpoints in the folder every box shares (SHARED_DIR)
+    checkpoint_dir: str | None = None
 
     def __post_init__(self) -> None:
         # A spec read back from spec.json (a rerun, the chaos tests) has plain strings.
@@ -57,11 +60,16 @@ class RunSpec:
 
     @property
     def world_size(self) -> int:
-        return world_size(self.strategy, self.devices)
+        return world_size(self.strategy, self.devices, self.nodes)
 
     @property
     def files(self) -> JobFiles:
         return JobFiles(Path(self.job_dir))
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where its checkpoints are: the job's folder, or the shared one across boxes."""
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else self.files.checkpoints
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values only: what a checkpoint (loaded with weights_only) and JSON can hold."""
@@ -89,6 +97,7 @@ def resolve(
     recipes_dir: Path | None,
     attempt: int = 1,
     package: Path | None = None,
+    shared_dir: Path | None = None,
 ) -> tuple[RunSpec, BaseModel]:
     """The job's spec for this worker (``auto`` made concrete) and its validated params."""
     assert job.id is not None
@@ -122,5 +131,19 @@ def resolve(
         package=str(package) if package else None,
         threads=threads,
         attempt=attempt,
+        nodes=job.nodes,
+        checkpoint_dir=_shared_checkpoints(job, shared_dir),
     )
     return spec, params
+
+
+def _shared_checkpoints(job: Job, shared_dir: Path | None) -> str | None:
+    """A job across boxes' checkpoint folder, in the folder every box shares."""
+    if job.nodes == 1:
+        return None
+    if shared_dir is None:  # the supervisor joins no gang without one
+        raise NotRetryable(
+            ReasonCode.bad_spec, "a job across boxes needs TRAINYARD_SHARED_DIR on its workers"
+        )
+    assert job.id is not None
+    return str(JobFiles.of(shared_dir, job.id).checkpoints)
