@@ -180,8 +180,8 @@ class Supervisor:
                 return self.poll_interval_s
             deadline = min((a.next_deadline() for a in self.attempts.values()), default=math.inf)
             return max(min(BUSY_WAIT_S, deadline - time.monotonic()), self.poll_interval_s)
-        if self.listener is None or self.attempts:
-            return self.poll_interval_s
+        if self.listener is None or self.attempts or self.gangs.waiting is not None:
+            return self.poll_interval_s  # (a gang's start is seen by polling, not notified)
         return min(NOTIFIED_FALLBACK_POLL_S, self.settings.heartbeat_interval_s)
 
     def stop(self, *, now: bool = False) -> None:
@@ -240,7 +240,9 @@ class Supervisor:
             who = ", ".join(f"node {m.node} (worker {m.worker_id})" for m in lost)
             attempt = self.attempts[job_id]
             attempt.lost_node = who
-            attempt.request_stop(StopReason.node_lost, self.settings.kill_grace_s)
+            # No grace: its ranks may be waiting on the lost node in a collective, which
+            # would hold them until its timeout; the last checkpoint is whole (atomic).
+            attempt.request_stop(StopReason.node_lost, 0.0)
 
     def _charge(self, attempts: list[Attempt]) -> None:
         """Charge the attempts' owners the device-seconds since the last charge (fair
