@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load
 
 from tests.e2e.conftest import one_database
-from tests.e2e.test_chaos import SLOW_PARAMS, _trained, assert_same_weights
+from tests.e2e.test_chaos import _trained, assert_same_weights
 from tests.stack import Stack, wait_for
 from workers.jobfiles import MODEL_FILE
 from workers.procfs import group_members
