@@ -144,12 +144,6 @@ def _check_nodes(spec: JobCreate) -> None:
         raise SpecInvalid.at(
             ("gpu_memory_gb",), "a job across boxes holds whole devices on every node"
         )
-    if is_script(spec):
-        raise SpecInvalid.at(
-            ("nodes",),
-            "a job across boxes runs a recipe (Trainyard's loop: a recipe of this box or of "
-            "your package); a script job runs on one box",
-        )
 
 
 def _check_script(spec: JobCreate) -> None:

@@ -31,6 +31,7 @@ from workers.errors import NotRetryable, describe
 from workers.handoff import read_stdin
 from workers.jobfiles import JobFiles
 from workers.memory_limit import apply as limit_memory
+from workers.node import Node
 from workers.outcome import RunnerReport
 from workers.recipes import Recipe, load_package_recipes, load_recipes
 from workers.reporter import DbReports
@@ -69,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         engine = make_engine(settings)
         try:  # one engine to read the job and record its environment
             job = load_job(engine, fence.job_id)
+            node = _node(settings, args) if args.node is not None else None
             if job.entrypoint is not None:
-                prepared = _prepare_script(engine, settings, fence, job, args)
+                prepared = _prepare_script(engine, settings, fence, job, args, node)
             else:
                 spec, recipe, params = prepare(engine, settings, fence, job, args)
         finally:
@@ -78,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             engine.dispose()
         if job.entrypoint is not None:
             report = script.run(settings, fence, prepared)
-        elif args.node is not None:
-            node = _node(settings, args)
+        elif node is not None:
             report = multinode.run(spec, node, recipe, params, DbReports(settings, fence))
         else:
             result = strategies.run(spec, DbReports(settings, fence), recipe=recipe, params=params)
@@ -97,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
-def _node(settings: Settings, args: argparse.Namespace) -> multinode.Node:
+def _node(settings: Settings, args: argparse.Namespace) -> Node:
     workers = tuple(args.node_workers.split(","))
-    return multinode.Node(
+    return Node(
         node=args.node,
         nodes=len(workers),
         rendezvous=args.rendezvous,
@@ -111,11 +112,16 @@ def _node(settings: Settings, args: argparse.Namespace) -> multinode.Node:
 
 
 def _prepare_script(
-    engine: Engine, settings: Settings, fence: Fence, job: Job, args: argparse.Namespace
+    engine: Engine,
+    settings: Settings,
+    fence: Fence,
+    job: Job,
+    args: argparse.Namespace,
+    node: Node | None,
 ) -> Script:
     """A script job: its package, data and virtualenv ready, its environment recorded."""
     prepared = script.prepare(
-        settings, job, fence.attempt, accelerator=args.accelerator, threads=args.threads
+        settings, job, fence.attempt, accelerator=args.accelerator, threads=args.threads, node=node
     )
     record = environment.script_record(
         job, fence.attempt, accelerator=args.accelerator, threads=args.threads,

@@ -4,7 +4,9 @@
 ``MASTER_ADDR``/``MASTER_PORT`` free on loopback, so a script that calls ``mp.spawn`` and
 ``init_process_group`` itself runs as it is. ``ddp`` starts it once per device through
 PyTorch's own launcher (the elastic launch API that ``torchrun`` runs, c10d rendezvous
-on loopback): a script that runs under ``torchrun`` runs here unchanged.
+on loopback): a script that runs under ``torchrun`` runs here unchanged; across boxes
+(``nodes`` > 1) each box's part meets the others' as ``workers.node`` says, and
+``$TRAINYARD_CHECKPOINT_DIR`` is in the folder every box shares.
 
 The script's environment is an allow-list (no database URL, no API token) plus the
 job's own variables (``job_env``). The runner follows ``$TRAINYARD_METRICS_FILE`` into
@@ -36,6 +38,7 @@ from workers.jobfiles import JobFiles
 from workers.loopback import LOOPBACK, one_box_env
 from workers.memory_limit import ran_out_in
 from workers.metrics_file import MetricsFile
+from workers.node import Node
 from workers.outcome import RunnerReport
 from workers.reporter import DbReports
 from workers.script_launch import Script, free_port, run_process, run_ranks
@@ -49,15 +52,26 @@ PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
 
 
 def prepare(
-    settings: Settings, job: Job, attempt: int, *, accelerator: str, threads: int
+    settings: Settings,
+    job: Job,
+    attempt: int,
+    *,
+    accelerator: str,
+    threads: int,
+    node: Node | None = None,
 ) -> Script:
-    """Fetch and unpack the package, place the data, build the requirements' virtualenv."""
+    """Fetch and unpack the package, place the data, build the requirements' virtualenv
+    (``node``: this box's part of a job across boxes)."""
     assert job.id is not None and job.code is not None and job.entrypoint is not None
     files = JobFiles.of(settings.data_dir, job.id)
     cache = BlobCache(settings)
     package = cache.code(job.code)
     place_inputs(cache, job.data or {}, files.inputs)
-    for folder in (files.output, files.checkpoints):
+    checkpoints = files.checkpoints
+    if node is not None:  # kept where the next attempt's nodes find it, on any box
+        assert settings.shared_dir is not None  # a worker without one joins no gang
+        checkpoints = JobFiles.of(settings.shared_dir, job.id).checkpoints
+    for folder in (files.output, checkpoints):
         folder.mkdir(parents=True, exist_ok=True)
     metrics = files.metrics_file(attempt)
     metrics.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +83,11 @@ def prepare(
         timeout_s=settings.requirements_timeout_s,
     )
     env = job_env(job, attempt, files, accelerator=accelerator, threads=threads, python=python)
+    env["TRAINYARD_CHECKPOINT_DIR"] = str(checkpoints)
+    if node is not None:
+        env.update(
+            node.socket_env(), TRAINYARD_NODE=str(node.node), TRAINYARD_NODES=str(node.nodes)
+        )
     program, *args = job.entrypoint
     argv = [python if program in PYTHON_NAMES else program, *args]
     if resolve_strategy(job.strategy, job.devices) != Strategy.ddp:
@@ -81,6 +100,7 @@ def prepare(
         ranks=job.devices,
         run_id=f"trainyard-job-{job.id}-attempt-{attempt}",
         logs=files.torchrun_logs,
+        node=node,
     )
 
 
@@ -142,7 +162,7 @@ def run(settings: Settings, fence: Fence, script: Script) -> RunnerReport:
     if terminated.is_set():
         return RunnerReport(ok=False, preempted=f"the script {ended.how} after SIGTERM")
     if ended.ok:
-        return RunnerReport(ok=True, result=metrics.final())
+        return RunnerReport(ok=True, result=metrics.final(), leader=ended.leader)
     if ran_out_in(ended.tail):  # under its memory limit: the same spec would run out again
         return _failed(
             f"the script ran out of memory ({ended.how})",

@@ -14,10 +14,14 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from workers.loopback import LOOPBACK, RENDEZVOUS_BACKEND, loopback_store, register_rendezvous
+from workers.node import Node, RendezvousFailed, launch_config, not_met
 from workers.outcome import how_it_ended
+
+if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
 
 STDERR_TAIL_LINES = 30
 RENDEZVOUS_TIMEOUT_S = 60.0  # a rendezvous store operation (c10d's default read timeout)
@@ -35,6 +39,7 @@ class Script:
     ranks: int | None = None  # ddp: argv once per device, through the elastic launch
     run_id: str = ""  # ddp: the rendezvous' run id, one per attempt
     logs: Path | None = None  # ddp: where the launch keeps each rank's output
+    node: Node | None = None  # ddp across boxes: this box's part
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Ended:
     ok: bool
     tail: list[str]  # the last lines of its stderr
     cannot_start: bool = False  # no such program: the entrypoint is wrong
+    leader: bool = True  # across boxes: global rank 0 ran here
 
 
 def run_process(script: Script) -> Ended:
@@ -73,7 +79,8 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
     torchrun runs), here in the runner: torch is imported already, so the ranks start
     about a second sooner than under a torchrun of their own. c10d rendezvous on
     loopback, no restarts (a failed attempt is the supervisor's to retry), every rank's
-    output teed into the log behind "[rank N] ".
+    output teed into the log behind "[rank N] " ("[node N rank R] " across boxes, where
+    the rendezvous is node 0's: ``workers.node``).
 
     The agent gives the ranks this process's environment plus torchrun's variables, so
     for the launch it is the script's own (no database URL, no token). It starts each
@@ -83,25 +90,27 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
 
     assert script.ranks is not None and script.logs is not None
-    # c10d's rendezvous, on a store served on loopback only (torch's binds every interface)
-    store = loopback_store(None, RENDEZVOUS_TIMEOUT_S)
-    register_rendezvous()
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=script.ranks,
-        run_id=script.run_id,
-        rdzv_backend=RENDEZVOUS_BACKEND,
-        rdzv_endpoint=f"{LOOPBACK}:{store.port}",
-        rdzv_configs={"store": store},
-        local_addr=LOOPBACK,
-        max_restarts=0,
-        logs_specs=DefaultLogsSpecs(log_dir=str(script.logs), tee=Std.ALL),
-        log_line_prefix_template="[rank ${rank}] ",
-    )
+    logs = DefaultLogsSpecs(log_dir=str(script.logs), tee=Std.ALL)
+    node = script.node
+    if node is None:
+        config = _one_box(script, logs)
+    else:
+        try:
+            config = launch_config(
+                node,
+                ranks=script.ranks,
+                run_id=script.run_id,
+                start_method="spawn",
+                logs_specs=logs,
+            )
+        except RendezvousFailed as failed:  # node 0 never served the rendezvous
+            return Ended(str(failed), False, [])
+        # R is global; N is this box's place in the gang
+        config.log_line_prefix_template = f"[node {node.node} rank ${{rank}}] "
     tail = _Tail(_raw(2))
     saved = (sys.stdout, sys.stderr, dict(os.environ), os.getcwd())
     # the agent copies its output to sys.stdout/sys.stderr: ours, not the "[runner] " ones
@@ -111,8 +120,13 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
     os.chdir(script.cwd)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-I", str(DIE_WITH_PARENT), *script.argv)
-        return Ended("exited with 0", True, tail.lines())
+        ended = elastic_launch(config, entrypoint=sys.executable)(
+            "-I", str(DIE_WITH_PARENT), *script.argv
+        )
+        return Ended("exited with 0", True, tail.lines(), leader=0 in ended)  # by global rank
+    except RendezvousError as exc:
+        assert node is not None  # on one box there is nobody to wait for
+        return Ended(str(not_met(node, exc)), False, tail.lines())
     except SignalException as stop:  # the agent stopped the ranks and waited for them
         terminated.set()
         return Ended(f"was stopped ({stop.sigval.name})", False, tail.lines())
@@ -125,6 +139,29 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
         os.environ.clear()
         os.environ.update(saved[2])
         os.chdir(saved[3])
+
+
+def _one_box(script: Script, logs: Any) -> LaunchConfig:
+    """c10d's rendezvous, on a store served on loopback only (torch's binds every
+    interface)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    assert script.ranks is not None
+    store = loopback_store(None, RENDEZVOUS_TIMEOUT_S)
+    register_rendezvous()
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=script.ranks,
+        run_id=script.run_id,
+        rdzv_backend=RENDEZVOUS_BACKEND,
+        rdzv_endpoint=f"{LOOPBACK}:{store.port}",
+        rdzv_configs={"store": store},
+        local_addr=LOOPBACK,
+        max_restarts=0,
+        logs_specs=logs,
+        log_line_prefix_template="[rank ${rank}] ",
+    )
 
 
 class _Tail(io.TextIOBase):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from safetensors.torch import load
 
 from tests.e2e.conftest import one_database
 from tests.e2e.test_chaos import _trained, assert_same_weights
+from tests.e2e.test_script_jobs import by_hand, submit_example
 from tests.stack import Stack, wait_for
 from workers.jobfiles import MODEL_FILE
 from workers.procfs import group_members
@@ -147,3 +149,24 @@ def test_a_gang_that_cannot_fill_gives_its_devices_back(stack: Stack) -> None:
     done = stack.wait_status(small["id"], {"succeeded", "failed"}, timeout_s=60)
     assert done["status"] == "succeeded"
     assert stack.job(big["id"])["status"] == "queued"
+
+
+def test_a_torchrun_script_spans_two_boxes_unchanged(stack: Stack, tmp_path: Path) -> None:
+    """The torchrun example, as it is, on 2 boxes x 1 rank: global RANK and WORLD_SIZE,
+    its lines behind [node N rank R], its snapshot in the shared folder, and the weights
+    of the same script run by hand under torchrun with 2 ranks on one box."""
+    start_box(stack, "box0")
+    start_box(stack, "box1")
+    command = ["torchrun_resume/train.py", "--epochs", "2"]
+    job = submit_example(stack, tmp_path, ["python", *command], strategy="ddp", devices=1, nodes=2)
+    done = stack.wait_status(job["id"], {"succeeded", "failed"}, timeout_s=180)
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    lines = log_texts(stack, job["id"])
+    saved = [t for t in lines if "Epoch 2 | Training snapshot saved" in t]
+    assert len(saved) == 1 and saved[0].startswith("[node "), lines  # global rank 0 saves
+    for node in (0, 1):  # each box started its part (only global rank 0 prints)
+        assert any(f"started node {node} of 2 on box" in t for t in lines), lines
+    assert (stack.tmp / "shared" / "jobs" / str(job["id"]) / "checkpoints" / "snapshot.pt").exists()
+    [weights] = list(stack.tmp.glob(f"box*/jobs/{job['id']}/output/model.pt"))
+    # (within 1e-4: each box runs its rank with two threads, torchrun by hand with one)
+    assert_same_weights(torch.load(weights), by_hand(tmp_path, command))

@@ -1,0 +1,126 @@
+"""This box's place in a job across boxes, and how its ranks meet the other boxes'.
+
+Each node's runner starts its ranks through PyTorch's elastic launch (the API torchrun
+runs) with c10d's rendezvous: ``min_nodes = max_nodes = nodes``, no restarts (a failed
+attempt is the supervisors' to retry, as one job), and a run id per attempt, so a rank
+left over from an earlier attempt can never join this one. The rendezvous store is
+served by node 0's runner on the address its worker advertises (``ADVERTISE_ADDRESS``),
+on the port it chose when it joined the gang, and every rank's ``init_process_group``
+meets on that same store (``workers.loopback``'s handler): nothing else listens. Recipe
+jobs (``workers.multinode``) and script jobs (``workers.script_launch``) launch the same
+way, from ``launch_config``.
+
+``RANK`` and ``WORLD_SIZE`` are global. torch's rendezvous orders the nodes, so global
+rank 0 may be on any of them; that node is the job's *leader*: its rank 0 reports
+progress and metrics and writes the final weights, and its runner's report ends the job.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from workers.loopback import (
+    RENDEZVOUS_BACKEND,
+    bound_store,
+    loopback_interface,
+    register_rendezvous,
+)
+
+if TYPE_CHECKING:  # torch is imported by the callers, never by the supervisor
+    import torch.distributed as dist
+    from torch.distributed.launcher.api import LaunchConfig
+
+
+@dataclass(frozen=True)
+class Node:
+    """This box's place in a job across boxes (picklable: every rank gets it)."""
+
+    node: int  # 0 .. nodes-1, in the order the workers joined the gang
+    nodes: int
+    rendezvous: str  # node 0's address:port
+    workers: tuple[str, ...]  # each node's worker, by node
+    address: str  # the address this worker advertises
+    timeout_s: float  # the rendezvous must complete within this
+    socket_ifname: str | None = None  # GLOO/NCCL_SOCKET_IFNAME for the ranks
+
+    @property
+    def others(self) -> str:
+        """The other nodes, in words: whom a rendezvous that did not complete awaited."""
+        return ", ".join(f"node {n} ({w})" for n, w in enumerate(self.workers) if n != self.node)
+
+    def socket_env(self) -> dict[str, str]:
+        """The interface the ranks' gloo and NCCL sockets use (``SOCKET_IFNAME``; on a
+        loopback address, loopback's), and NCCL's asynchronous error handling: a peer's
+        failure aborts a collective instead of leaving it to its timeout."""
+        env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+        interface = self.socket_ifname
+        if interface is None and _is_loopback(self.address):
+            interface = loopback_interface()
+        if interface is not None:
+            env.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
+        return env
+
+
+class RendezvousFailed(RuntimeError):
+    """The nodes did not all meet in time; the message names the ones awaited."""
+
+
+def launch_config(
+    node: Node, *, ranks: int, run_id: str, start_method: str, logs_specs: Any
+) -> LaunchConfig:
+    """The elastic launch of this node's ``ranks``, meeting the other nodes."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    register_rendezvous()
+    return LaunchConfig(
+        min_nodes=node.nodes,
+        max_nodes=node.nodes,
+        nproc_per_node=ranks,
+        run_id=run_id,
+        rdzv_backend=RENDEZVOUS_BACKEND,
+        rdzv_endpoint=node.rendezvous,
+        rdzv_configs={"store": _rendezvous_store(node), "join_timeout": int(node.timeout_s)},
+        local_addr=node.address,
+        max_restarts=0,
+        monitor_interval=0.2,
+        start_method=start_method,
+        logs_specs=logs_specs,
+    )
+
+
+def not_met(node: Node, exc: BaseException) -> RendezvousFailed:
+    """The error of a rendezvous that did not complete: whom it waited for."""
+    return RendezvousFailed(
+        f"the rendezvous at {node.rendezvous} did not complete in {node.timeout_s:g}s: "
+        f"waiting for {node.others} ({type(exc).__name__}: {exc})"
+    )
+
+
+def _rendezvous_store(node: Node) -> dist.TCPStore:
+    """Node 0 serves the store on its advertised address; the others connect to it,
+    waiting up to the rendezvous' limit for node 0 to come."""
+    import torch.distributed as dist
+
+    host, _, port = node.rendezvous.rpartition(":")
+    host = host.strip("[]")
+    if node.node == 0:
+        return bound_store(host, int(port), None, node.timeout_s)
+    try:
+        return dist.TCPStore(
+            host, int(port), None, is_master=False, timeout=timedelta(seconds=node.timeout_s)
+        )
+    except (RuntimeError, dist.DistStoreError) as exc:
+        raise RendezvousFailed(
+            f"node 0 ({node.workers[0]}) did not serve the rendezvous at {node.rendezvous} "
+            f"within {node.timeout_s:g}s: {exc}"
+        ) from exc
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
