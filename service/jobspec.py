@@ -56,8 +56,9 @@ def world_size(strategy: Strategy | str, devices: int, nodes: int = 1) -> int:
 def threads_per_process(
     slots_held: int, slots_total: int, processes: int, cores: int | None = None
 ) -> int:
-    """Torch threads for each process of a job: its share of the box's cores, at least one."""
-    cores = cores or os.cpu_count() or 1
+    """Torch threads for each process of a job: its share of the box's cores (those this
+    process may run on: a worker pinned to some cores shares those), at least one."""
+    cores = cores or len(os.sched_getaffinity(0)) or 1
     return max(1, (cores * slots_held) // (slots_total * max(processes, 1)))
 
 

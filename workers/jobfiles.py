@@ -6,7 +6,10 @@
                                        script's $TRAINYARD_CHECKPOINT_DIR
     jobs/<id>/output/                  a script's $TRAINYARD_OUTPUT_DIR (artifacts)
     jobs/<id>/.inputs/                 a script's $TRAINYARD_INPUT_DIR: its data files
-    jobs/<id>/.runner/                 the runner's hand-offs, hidden from the API:
+                                       (a node's: .runner/node-<n>/inputs/)
+    jobs/<id>/.runner/                 the runner's hand-offs, hidden from the API (a
+                                       job across boxes: .runner/node-<n>/ for each
+                                       node, as DATA_DIR may be one folder all share):
         attempt-<n>.json               how attempt n ended (runner -> supervisor)
         attempt-<n>-result.json        rank 0's final metrics (rank 0 -> runner)
         attempt-<n>-rank-<r>-error.json  a rank's own error report (rank -> runner)
@@ -40,10 +43,12 @@ class JobFiles:
     """The paths of one job's files."""
 
     root: Path
+    runner: str = RUNNER  # where the hand-offs are, under root
 
     @classmethod
-    def of(cls, data_dir: Path, job_id: int) -> JobFiles:
-        return cls(job_dir(data_dir, job_id).resolve())
+    def of(cls, data_dir: Path, job_id: int, node: int | None = None) -> JobFiles:
+        """The job's files; ``node``: this box's node of a job across boxes."""
+        return cls(job_dir(data_dir, job_id).resolve(), runner_dir(node))
 
     @property
     def model(self) -> Path:
@@ -63,27 +68,28 @@ class JobFiles:
 
     @property
     def inputs(self) -> Path:
-        return self.root / INPUTS
+        # a node's own: each node of a job across boxes places its links there
+        return self.root / INPUTS if self.runner == RUNNER else self.root / self.runner / "inputs"
 
     @property
     def flushed_marker(self) -> Path:
-        return self.root / RUNNER / "metrics-flushed"
+        return self.root / self.runner / "metrics-flushed"
 
     def outcome(self, attempt: int) -> Path:
-        return self.root / RUNNER / f"attempt-{attempt}.json"
+        return self.root / self.runner / f"attempt-{attempt}.json"
 
     def result(self, attempt: int) -> Path:
-        return self.root / RUNNER / f"attempt-{attempt}-result.json"
+        return self.root / self.runner / f"attempt-{attempt}-result.json"
 
     def metrics_file(self, attempt: int) -> Path:
-        return self.root / RUNNER / f"attempt-{attempt}-metrics.jsonl"
+        return self.root / self.runner / f"attempt-{attempt}-metrics.jsonl"
 
     @property
     def torchrun_logs(self) -> Path:
-        return self.root / RUNNER / "torchrun"
+        return self.root / self.runner / "torchrun"
 
     def rank_error(self, attempt: int, rank: int) -> Path:
-        return self.root / RUNNER / f"attempt-{attempt}-rank-{rank}-error.json"
+        return self.root / self.runner / f"attempt-{attempt}-rank-{rank}-error.json"
 
     def clear_attempt(self, attempt: int) -> None:
         """Remove the hand-offs an earlier run of this attempt number left behind."""
@@ -93,7 +99,12 @@ class JobFiles:
 
     def rank_errors(self, attempt: int) -> list[Path]:
         """Every rank's error report of an attempt, lowest rank first."""
-        return sorted((self.root / RUNNER).glob(f"attempt-{attempt}-rank-*-error.json"))
+        return sorted((self.root / self.runner).glob(f"attempt-{attempt}-rank-*-error.json"))
+
+
+def runner_dir(node: int | None) -> str:
+    """Where an attempt's hand-offs are: one folder per node of a job across boxes."""
+    return RUNNER if node is None else f"{RUNNER}/node-{node}"
 
 
 def write_atomic(

@@ -16,6 +16,7 @@ from service.settings import Settings
 from service.store import Claim
 from workers.attempt import Attempt, Process
 from workers.env_allowlist import inherited
+from workers.gangs import Start
 from workers.gpu_share import ALLOC_CONF, alloc_conf
 from workers.handoff import Handoff
 from workers.jobfiles import JobFiles
@@ -97,16 +98,18 @@ class Launcher:
         memory_limit: int | None = None,
         gpu_memory_fraction: float | None = None,
         on_exit: Callable[[], None] | None = None,
-        node: list[str] | None = None,
+        node: Start | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
         ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
         ``memory_limit``: bytes each of its processes may hold (``Box.memory_limit``);
         ``gpu_memory_fraction``: the part of its GPU a job sharing one may allocate;
-        ``node``: a job across boxes' runner arguments for this node (``--node`` ...)."""
+        ``node``: this worker's node of a job across boxes."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
-        JobFiles.of(self.settings.data_dir, claim.fence.job_id).clear_attempt(claim.fence.attempt)
+        place = None if node is None else node.node
+        files = JobFiles.of(self.settings.data_dir, claim.fence.job_id, place)
+        files.clear_attempt(claim.fence.attempt)
         args = [
             "--job-id", str(claim.fence.job_id),
             "--attempt", str(claim.fence.attempt),
@@ -115,7 +118,9 @@ class Launcher:
         ]  # fmt: skip
         if memory_limit is not None:
             args += ["--memory-limit", str(memory_limit)]
-        args += node or []
+        if node is not None:
+            args += ["--node", str(node.node), "--rendezvous", node.rendezvous]
+            args += ["--node-workers", ",".join(node.workers)]
         env = {
             **self._env,
             "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     handoff = read_stdin()
     settings = handoff.runner_settings()
     fence = Fence(args.job_id, args.attempt, handoff.lease_token)
-    files = JobFiles.of(settings.data_dir, args.job_id)
+    files = JobFiles.of(settings.data_dir, args.job_id, args.node)
     prefix_stdio("[runner] ", args.job_id)
     stop_on_sigterm()  # checkpoint and stop (ddp: the ranks do; this process waits for them)
     try:
@@ -127,7 +127,7 @@ def _prepare_script(
         job, fence.attempt, accelerator=args.accelerator, threads=args.threads,
         python=prepared.argv[0],
     )  # fmt: skip
-    _record(engine, fence, JobFiles.of(settings.data_dir, fence.job_id), record)
+    _record(engine, fence, JobFiles.of(settings.data_dir, fence.job_id, args.node), record)
     return prepared
 
 
@@ -135,7 +135,7 @@ def prepare(
     engine: Engine, settings: Settings, fence: Fence, job: Job, args: argparse.Namespace
 ) -> tuple[RunSpec, Recipe, BaseModel]:
     """Load the job's recipe, resolve the spec, record the environment."""
-    recipe, package = _recipe(settings, job)
+    recipe, package = _recipe(settings, job, args.node)
     spec, params = resolve(
         job,
         recipe,
@@ -146,6 +146,7 @@ def prepare(
         attempt=fence.attempt,
         package=package,
         shared_dir=settings.shared_dir,
+        node=args.node,
     )
     _record(engine, fence, spec.files, environment.record(spec, recipe, worker_id=job.worker_id))
     if spec.strategy != Strategy.ddp:
@@ -166,7 +167,7 @@ def _record(engine: Engine, fence: Fence, files: JobFiles, record: dict[str, Any
     store.record_environment(engine, fence, record)
 
 
-def _recipe(settings: Settings, job: Job) -> tuple[Recipe, Path | None]:
+def _recipe(settings: Settings, job: Job, node: int | None) -> tuple[Recipe, Path | None]:
     """The job's recipe: this worker's, or one its code package defines (then the package,
     unpacked, with the job's data files placed under $TRAINYARD_INPUT_DIR)."""
     if job.code is None:
@@ -179,7 +180,7 @@ def _recipe(settings: Settings, job: Job) -> tuple[Recipe, Path | None]:
     assert job.id is not None
     cache = BlobCache(settings)
     package = cache.code(job.code)
-    inputs = JobFiles.of(settings.data_dir, job.id).inputs
+    inputs = JobFiles.of(settings.data_dir, job.id, node).inputs
     script.place_inputs(cache, job.data or {}, inputs)
     os.environ["TRAINYARD_INPUT_DIR"] = str(inputs)  # the recipe's ranks inherit it
     try:

@@ -63,7 +63,7 @@ def prepare(
     """Fetch and unpack the package, place the data, build the requirements' virtualenv
     (``node``: this box's part of a job across boxes)."""
     assert job.id is not None and job.code is not None and job.entrypoint is not None
-    files = JobFiles.of(settings.data_dir, job.id)
+    files = JobFiles.of(settings.data_dir, job.id, None if node is None else node.node)
     cache = BlobCache(settings)
     package = cache.code(job.code)
     place_inputs(cache, job.data or {}, files.inputs)

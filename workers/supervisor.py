@@ -326,9 +326,7 @@ class Supervisor:
     def _start_node(self, start: Start) -> None:
         """Start this worker's node of a job across boxes whose gang is whole."""
         claim, held = start.claim, start.devices
-        node = ["--node", str(start.node), "--rendezvous", start.rendezvous]
-        node += ["--node-workers", ",".join(start.workers)]
-        attempt = self._launch(claim, held, time.monotonic(), node=node)
+        attempt = self._launch(claim, held, time.monotonic(), node=start)
         attempt.node = start.node
         fence = claim.fence
         if start.node == 0:  # the job's own record names node 0's runner
@@ -348,7 +346,7 @@ class Supervisor:
         asked: float,
         *,
         share: float | None = None,
-        node: list[str] | None = None,
+        node: Start | None = None,
     ) -> Attempt:
         """Start the claim's runner on ``held``; the attempt is this worker's from now."""
         processes = jobspec.world_size(claim.strategy, claim.devices)
@@ -431,7 +429,7 @@ class Supervisor:
             return True  # the job is another worker's now; we may not write about it
         fence = attempt.fence
         report = RunnerReport.read(
-            JobFiles.of(self.settings.data_dir, fence.job_id).outcome(fence.attempt)
+            JobFiles.of(self.settings.data_dir, fence.job_id, attempt.node).outcome(fence.attempt)
         )
         outcome = decide(
             stop,

@@ -68,6 +68,14 @@ def submit(
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="key=value")] = None,
     strategy: Annotated[str | None, typer.Option()] = None,
     devices: Annotated[int | None, typer.Option()] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            help="Boxes the job spans, each with --devices: one DDP world (strategy ddp) "
+            "across workers sharing a PostgreSQL database. Default 1.",
+            show_default=False,
+        ),
+    ] = None,
     accelerator: Annotated[str | None, typer.Option()] = None,
     gpu_memory_gb: Annotated[
         float | None,
@@ -99,6 +107,7 @@ def submit(
         "recipe": recipe,
         "strategy": strategy,
         "devices": devices,
+        "nodes": nodes,
         "accelerator": accelerator,
         "gpu_memory_gb": gpu_memory_gb,
         "epochs": epochs,
@@ -178,12 +187,17 @@ def _follow(client: httpx.Client, job_id: int) -> int:
         MofNCompleteColumn(),
         TextColumn("epoch {task.fields[epoch]} loss {task.fields[loss]} eta {task.fields[eta]}"),
     )
+    shown_nodes = ""
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(
             "", total=None, job=job_id, status="queued", epoch="-", loss="-", eta="-"
         )
         while True:
             job = call(client, "GET", f"/jobs/{job_id}")
+            nodes = node_line(job)
+            if nodes and nodes != shown_nodes:  # a gang forming, or the nodes it runs on
+                console.print(nodes, markup=False)
+                shown_nodes = nodes
             p = job.get("progress") or {}
             bar.update(
                 task,
@@ -203,6 +217,16 @@ def _follow(client: httpx.Client, job_id: int) -> int:
     return 0 if job["status"] == "succeeded" else 1
 
 
+def node_line(job: dict[str, Any]) -> str:
+    """A multi-node job's nodes, as "nodes: 0 box-a [0, 1]; 1 box-b [0, 1]" (the worker
+    and devices of each), escaped; "" for a one-box job, or one whose gang is empty."""
+    nodes = job.get("node_list") or []
+    if not nodes:
+        return ""
+    each = "; ".join(f"{n['node']} {n['worker_id']} {n['devices']}" for n in nodes)
+    return printable(f"nodes: {each}")
+
+
 @app.command()
 def status(
     job_id: Annotated[int | None, typer.Argument()] = None,
@@ -212,10 +236,12 @@ def status(
     """Show one job in full, or the newest jobs."""
     with connect(url, token) as client:
         if job_id is not None:
+            job = call(client, "GET", f"/jobs/{job_id}")
             # ensure_ascii: JSON escapes every control character (and all non-ASCII)
-            typer.echo(
-                json.dumps(call(client, "GET", f"/jobs/{job_id}"), indent=2, ensure_ascii=True)
-            )
+            typer.echo(json.dumps(job, indent=2, ensure_ascii=True))
+            nodes = node_line(job)
+            if nodes:  # on stderr: stdout stays one JSON document, for jq and scripts
+                typer.echo(nodes, err=True)
             return
         _print_jobs(call(client, "GET", "/jobs", params={"limit": 20})["items"])
 

@@ -130,6 +130,16 @@ def test_cli_reports_a_bad_spec_with_the_field(stack: Stack) -> None:
     assert r.returncode == 1 and "epochs" in r.stderr
 
 
+@CLIENT_SIDE
+def test_submit_nodes_on_sqlite_is_refused_naming_nodes(stack: Stack) -> None:
+    """--nodes spans boxes, whose workers share PostgreSQL: SQLite's server refuses it
+    before the catalog (no worker needed), and the CLI prints the API's reason."""
+    r = cli(stack, "submit", "--recipe", "tiny", "--strategy", "ddp", "--nodes", "2")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "error 422: nodes: " in r.stderr and "PostgreSQL" in r.stderr, r.stderr
+    assert r.stdout == "" and stack.http.get("/jobs").json()["total"] == 0
+
+
 def test_up_stops_its_worker_when_it_is_stopped(tmp_path: Path) -> None:
     port = free_port()
     env = stack_env(tmp_path, f"sqlite:///{tmp_path / 'trainyard.db'}", port)

@@ -20,8 +20,11 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from service import store
 from service.app import create_app
+from service.db import make_engine
 from service.migrate import upgrade
+from service.models import JobCreate, JobNode
 from service.settings import Settings
 from tests.scripts import EXAMPLES, digits_file, put_blob, put_package
 from tests.stack import REPO, Stack, free_port, wait_for
@@ -113,6 +116,7 @@ def test_submit_from_the_form_then_watch_the_job_succeed(
     Select(wait.until(ec.presence_of_element_located((By.NAME, "recipe")))).select_by_value("tiny")
     wait.until(ec.presence_of_element_located((By.NAME, "params.chatty")))
     assert Select(browser.find_element(By.NAME, "strategy")).first_selected_option.text == "auto"
+    assert browser.find_element(By.NAME, "nodes").get_attribute("value") == "1"
     type_into(browser, "name", "from the browser")
     type_into(browser, "params.samples", "1024")
     type_into(browser, "params.chatty", "1")
@@ -141,6 +145,8 @@ def test_submit_from_the_form_then_watch_the_job_succeed(
     job = stack.job(job_id)
     assert job["status"] == "succeeded" and job["name"] == "from the browser"
     assert job["params"]["samples"] == 1024 and job["epochs"] == 3 and job["lr"] == 0.01
+    assert job["nodes"] == 1 and job["node_list"] is None
+    assert "nodes" not in text_of(browser, "#job-spec")  # one box: no line for it
 
     # Everything the stream carried is drawn: every loss point, the log tail.
     metrics = stack.http.get(f"/jobs/{job_id}/metrics").json()
@@ -258,6 +264,38 @@ def test_asks_for_the_token_keeps_it_and_cancels_a_queued_job(
     wait.until(ec.text_to_be_present_in_element((By.ID, "job-status"), "cancelled"))
     assert not browser.find_element(By.ID, "token-dialog").is_displayed()
     keep_screenshot(browser, tmp_path, "dashboard-cancelled")
+
+
+@pytest.mark.slow
+def test_the_job_page_shows_the_nodes_a_job_across_boxes_gathered(
+    stack: Stack, browser: WebDriver, database_url: str
+) -> None:
+    """A one-box SQLite stack refuses nodes > 1 at the API, so the job and the two nodes
+    its gang gathered while it waits are written to the database directly; the page
+    shows nodes: 2 and each node's worker and devices (worker ids are text: escaped)."""
+    engine = make_engine(database_url)
+    try:
+        spec = JobCreate(recipe="tiny", strategy="ddp", devices=2, nodes=3)
+        job, _ = store.create_job(engine, spec)
+        with store.write_session(engine) as session:
+            for node, worker in enumerate(("box-a", "<b>box-b</b>")):
+                session.add(
+                    JobNode(
+                        job_id=job.id, node=node, worker_id=worker, devices=[0, 1], endpoint="x:1"
+                    )
+                )
+    finally:
+        engine.dispose()
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(f"{stack.url}/#/jobs/{job.id}")
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#job-nodes li")))
+    # the stream's status event (the job row, no node_list) does not wipe them out
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, STREAM_ENDED.replace("ended", "live"))))
+    nodes = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#job-nodes li")]
+    assert nodes == ["node 0 · box-a · devices 0, 1", "node 1 · <b>box-b</b> · devices 0, 1"]
+    spec_text = text_of(browser, "#job-spec")
+    assert "nodes\n3" in spec_text and "nodes_held" in spec_text, spec_text
+    keep_screenshot(browser, tmp_path=stack.tmp, name="dashboard-job-nodes")
 
 
 # Events cut into chunks at every possible place must parse the same: a chunk may end

@@ -4,6 +4,7 @@ loopback with gloo through torch's elastic launch and c10d rendezvous."""
 
 from __future__ import annotations
 
+import io
 import signal
 import subprocess
 import time
@@ -36,13 +37,16 @@ SPEC: dict[str, Any] = {
 }
 
 
-def start_box(stack: Stack, name: str, **settings: object) -> subprocess.Popen[bytes]:
-    """A worker as if on a box of its own: its own data folder, one CPU slot; the folder
-    every box shares for a job across boxes' checkpoints."""
+def start_box(
+    stack: Stack, name: str, *, own_data_dir: bool = True, **settings: object
+) -> subprocess.Popen[bytes]:
+    """A worker as if on a box of its own: one CPU slot, its own data folder (or the
+    stack's, as boxes that mount one DATA_DIR share it), and the folder every box shares
+    for a job across boxes' checkpoints."""
     defaults: dict[str, object] = {"cpu_slots": 1, "lease_s": LEASE_S, "gang_timeout_s": 30}
     return stack.start_worker(
         name,
-        env={"TRAINYARD_DATA_DIR": str(stack.tmp / name)},
+        env={"TRAINYARD_DATA_DIR": str(stack.tmp / name)} if own_data_dir else {},
         shared_dir=stack.tmp / "shared",
         **{**defaults, **settings},
     )
@@ -155,8 +159,9 @@ def test_a_torchrun_script_spans_two_boxes_unchanged(stack: Stack, tmp_path: Pat
     """The torchrun example, as it is, on 2 boxes x 1 rank: global RANK and WORLD_SIZE,
     its lines behind [node N rank R], its snapshot in the shared folder, and the weights
     of the same script run by hand under torchrun with 2 ranks on one box."""
-    start_box(stack, "box0")
-    start_box(stack, "box1")
+    # both boxes mount one DATA_DIR, the API's: each node's hand-offs in its own folder
+    start_box(stack, "box0", own_data_dir=False)
+    start_box(stack, "box1", own_data_dir=False)
     command = ["torchrun_resume/train.py", "--epochs", "2"]
     job = submit_example(stack, tmp_path, ["python", *command], strategy="ddp", devices=1, nodes=2)
     done = stack.wait_status(job["id"], {"succeeded", "failed"}, timeout_s=180)
@@ -167,6 +172,10 @@ def test_a_torchrun_script_spans_two_boxes_unchanged(stack: Stack, tmp_path: Pat
     for node in (0, 1):  # each box started its part (only global rank 0 prints)
         assert any(f"started node {node} of 2 on box" in t for t in lines), lines
     assert (stack.tmp / "shared" / "jobs" / str(job["id"]) / "checkpoints" / "snapshot.pt").exists()
-    [weights] = list(stack.tmp.glob(f"box*/jobs/{job['id']}/output/model.pt"))
+    runner = stack.tmp / "data" / "jobs" / str(job["id"]) / ".runner"
+    assert (runner / "node-0" / "attempt-1.json").exists()
+    assert (runner / "node-1" / "attempt-1.json").exists()
+    weights = stack.http.get(f"/jobs/{job['id']}/artifacts/output/model.pt")
+    assert weights.status_code == 200  # the API serves it from the one DATA_DIR
     # (within 1e-4: each box runs its rank with two threads, torchrun by hand with one)
-    assert_same_weights(torch.load(weights), by_hand(tmp_path, command))
+    assert_same_weights(torch.load(io.BytesIO(weights.content)), by_hand(tmp_path, command))

@@ -19,7 +19,7 @@ from service.jobspec import resolve_accelerator, resolve_strategy, strategy_prob
 from service.models import Accelerator, Job, Optimizer, Precision, Strategy
 from service.reasons import ReasonCode
 from workers.errors import NotRetryable
-from workers.jobfiles import JobFiles
+from workers.jobfiles import JobFiles, runner_dir
 from workers.recipes import Recipe
 
 
@@ -50,6 +50,7 @@ class RunSpec:
     threads: int = 1  # torch intra-op threads per process on CPU
     attempt: int = 1
     nodes: int = 1  # boxes it spans (ddp): world_size is nodes x devices
+    node: int | None = None  # a job across boxes: this box's node (its hand-offs' folder)
     # a job across boxes checkpoints in the folder every box shares (SHARED_DIR)
     checkpoint_dir: str | None = None
 
@@ -64,7 +65,7 @@ class RunSpec:
 
     @property
     def files(self) -> JobFiles:
-        return JobFiles(Path(self.job_dir))
+        return JobFiles(Path(self.job_dir), runner_dir(self.node))
 
     @property
     def checkpoints(self) -> Path:
@@ -98,6 +99,7 @@ def resolve(
     attempt: int = 1,
     package: Path | None = None,
     shared_dir: Path | None = None,
+    node: int | None = None,
 ) -> tuple[RunSpec, BaseModel]:
     """The job's spec for this worker (``auto`` made concrete) and its validated params."""
     assert job.id is not None
@@ -132,6 +134,7 @@ def resolve(
         threads=threads,
         attempt=attempt,
         nodes=job.nodes,
+        node=node,
         checkpoint_dir=_shared_checkpoints(job, shared_dir),
     )
     return spec, params

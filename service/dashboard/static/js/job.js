@@ -20,11 +20,13 @@ import { LogTail } from "./logtail.js";
 import { followEvents } from "./sse.js";
 
 const SPEC_FIELDS = (
-  "recipe strategy devices accelerator gpu_memory_gb epochs batch_size lr optimizer seed " +
+  "recipe strategy devices nodes accelerator gpu_memory_gb epochs batch_size lr optimizer seed " +
   "precision priority max_attempts timeout_s checkpoint_every"
 ).split(" ");
 // What a script job leaves to its own arguments.
 const RECIPE_ONLY = new Set("epochs batch_size lr optimizer precision checkpoint_every".split(" "));
+// How often a job across boxes is read again while its gang forms (no event says so).
+const GANG_POLL_MS = 5000;
 
 export function jobView(root, id) {
   const stop = new AbortController();
@@ -34,10 +36,36 @@ export function jobView(root, id) {
   const chart = new LossChart(ui.chart);
   const log = new LogTail(ui.log, ui.logCount);
   let job = null;
+  let gangTimer = null;
 
   const show = (next) => {
     job = next;
     renderJob(ui, job);
+    clearTimeout(gangTimer);
+    if (job.nodes > 1 && job.status === "queued") gangTimer = setTimeout(reread, GANG_POLL_MS);
+  };
+
+  // A job across boxes: its nodes (node_list) and how many have joined (the reason) are
+  // in the GET's answer only, not in a status event's, which is the job row. Read it
+  // again on each status event and while it waits; only the newest read is drawn.
+  let reads = 0;
+  const reread = () => {
+    const mine = ++reads;
+    api
+      .get(`/jobs/${id}`, { signal })
+      .then((fresh) => {
+        if (mine === reads) show(fresh);
+      })
+      .catch(() => {}); // the stream's state already says when the API is away
+  };
+  const onStatus = (data) => {
+    if (!(data.nodes > 1)) {
+      show(data);
+      return;
+    }
+    // Until the read answers, the nodes last seen (none once it has ended).
+    show({ ...data, node_list: TERMINAL.has(data.status) ? [] : (job?.node_list ?? null) });
+    reread();
   };
 
   ui.cancel.addEventListener("click", async () => {
@@ -71,7 +99,7 @@ export function jobView(root, id) {
   const counts = ui.page.dataset;
   const onEvent = (type, data) => {
     counts[`${type}Events`] = Number(counts[`${type}Events`] ?? 0) + 1;
-    if (type === "status") show(data);
+    if (type === "status") onStatus(data);
     else if (type === "progress") renderProgress(ui, data, job?.status);
     else if (type === "metric") chart.add(data);
     else if (type === "log") log.add(data);
@@ -96,6 +124,7 @@ export function jobView(root, id) {
 
   return () => {
     stop.abort();
+    clearTimeout(gangTimer);
     chart.destroy();
     log.destroy();
   };
@@ -207,6 +236,7 @@ function specOf(job) {
   const script = job.entrypoint !== null && job.entrypoint !== undefined;
   const fields = SPEC_FIELDS.filter((k) => !(script && RECIPE_ONLY.has(k)));
   const spec = Object.fromEntries(fields.map((k) => [k, job[k]]));
+  if (!(job.nodes > 1)) spec.nodes = null; // one box: not worth a line
   return {
     owner: job.owner,
     entrypoint: script ? job.entrypoint.join(" ") : null,
@@ -218,6 +248,7 @@ function specOf(job) {
     attempt: `${job.attempt} of ${job.max_attempts}`,
     worker: job.worker_id,
     devices_held: job.assigned_devices,
+    nodes_held: nodeList(job.node_list),
     queue_position: job.queue_position,
     created: when(job.created_at),
     started: when(job.started_at),
@@ -225,7 +256,23 @@ function specOf(job) {
   };
 }
 
-/** <dt>/<dd> pairs; nested values as compact JSON. */
+/** A job across boxes: each node's worker and devices, one a line; null for one box. */
+function nodeList(nodes) {
+  if (!nodes?.length) return null;
+  return h(
+    "ul",
+    { class: "nodes", id: "job-nodes" },
+    nodes.map((n) =>
+      h(
+        "li",
+        { "data-node": n.node },
+        `node ${n.node} · ${n.worker_id} · devices ${n.devices.join(", ")}`,
+      ),
+    ),
+  );
+}
+
+/** <dt>/<dd> pairs; nested values as compact JSON, elements as they are. */
 function pairs(record) {
   return Object.entries(record)
     .filter(([, v]) => v !== null && v !== undefined)
@@ -233,6 +280,7 @@ function pairs(record) {
 }
 
 function readable(value) {
+  if (value instanceof Node) return value;
   if (typeof value === "object") return JSON.stringify(value);
   return typeof value === "number" ? num(value, 6) : String(value);
 }
