@@ -22,7 +22,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from service import store
 from service.app import create_app
-from service.db import make_engine
+from service.db import make_engine, write_session
 from service.migrate import upgrade
 from service.models import JobCreate, JobNode
 from service.settings import Settings
@@ -268,7 +268,7 @@ def test_asks_for_the_token_keeps_it_and_cancels_a_queued_job(
 
 @pytest.mark.slow
 def test_the_job_page_shows_the_nodes_a_job_across_boxes_gathered(
-    stack: Stack, browser: WebDriver, database_url: str
+    stack: Stack, browser: WebDriver, database_url: str, tmp_path: Path
 ) -> None:
     """A one-box SQLite stack refuses nodes > 1 at the API, so the job and the two nodes
     its gang gathered while it waits are written to the database directly; the page
@@ -277,7 +277,7 @@ def test_the_job_page_shows_the_nodes_a_job_across_boxes_gathered(
     try:
         spec = JobCreate(recipe="tiny", strategy="ddp", devices=2, nodes=3)
         job, _ = store.create_job(engine, spec)
-        with store.write_session(engine) as session:
+        with write_session(engine) as session:
             for node, worker in enumerate(("box-a", "<b>box-b</b>")):
                 session.add(
                     JobNode(
@@ -288,14 +288,14 @@ def test_the_job_page_shows_the_nodes_a_job_across_boxes_gathered(
         engine.dispose()
     wait = WebDriverWait(browser, WAIT_S)
     browser.get(f"{stack.url}/#/jobs/{job.id}")
+    # after the stream's status event (the job row, without node_list), still there
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "article[data-status-events]")))
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#job-nodes li")))
-    # the stream's status event (the job row, no node_list) does not wipe them out
-    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, STREAM_ENDED.replace("ended", "live"))))
     nodes = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#job-nodes li")]
     assert nodes == ["node 0 · box-a · devices 0, 1", "node 1 · <b>box-b</b> · devices 0, 1"]
     spec_text = text_of(browser, "#job-spec")
     assert "nodes\n3" in spec_text and "nodes_held" in spec_text, spec_text
-    keep_screenshot(browser, tmp_path=stack.tmp, name="dashboard-job-nodes")
+    keep_screenshot(browser, tmp_path, "dashboard-job-nodes")
 
 
 # Events cut into chunks at every possible place must parse the same: a chunk may end
