@@ -273,6 +273,11 @@ class JobCreate(JobBase):
 QUEUED_ONLY: dict[str, Any] = {
     f"{dialect}_where": text("status = 'queued'") for dialect in ("sqlite", "postgresql")
 }
+# Queued jobs across boxes (service.store.gang's look at the queue): as few as there are.
+QUEUED_ACROSS_BOXES: dict[str, Any] = {
+    f"{dialect}_where": text("status = 'queued' AND nodes > 1")
+    for dialect in ("sqlite", "postgresql")
+}
 
 
 class Job(JobBase, table=True):
@@ -287,6 +292,9 @@ class Job(JobBase, table=True):
         # no planner statistics can make a claim walk past the jobs already taken.
         Index("ix_job_claim", desc(column("priority")), "id", **QUEUED_ONLY),
         Index("ix_job_queued_id", "id", **QUEUED_ONLY),
+        # Jobs across boxes, in the same order: a worker's look for a gang to join reads
+        # only those, however many one-box jobs are queued.
+        Index("ix_job_gang", desc(column("priority")), "id", **QUEUED_ACROSS_BOXES),
         # Fair share's: each user's queue in the claim's order; and a user's jobs by
         # status (their running devices, their queued count, "my jobs").
         Index("ix_job_owner_claim", "owner", desc(column("priority")), "id", **QUEUED_ONLY),

@@ -34,9 +34,18 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("job_id", "node"),
     )
     op.create_index("ix_job_node_worker_id", "job_node", ["worker_id"])
+    across_boxes = sa.text("status = 'queued' AND nodes > 1")
+    op.create_index(
+        "ix_job_gang",
+        "job",
+        [sa.text("priority DESC"), "id"],
+        sqlite_where=across_boxes,
+        postgresql_where=across_boxes,
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_job_gang", table_name="job")
     op.drop_index("ix_job_node_worker_id", table_name="job_node")
     op.drop_table("job_node")
     with op.batch_alter_table("job", schema=None) as batch_op:

@@ -24,7 +24,7 @@ import secrets
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, delete, func, insert, or_, select, update
+from sqlalchemy import Engine, delete, func, insert, literal_column, or_, select, update
 from sqlmodel import Session
 
 from service.db import read_session, write_session
@@ -76,7 +76,7 @@ def _first_job(total: int, accelerator: str, recipes: list[str], now: datetime) 
         select(job.c.id, job.c.devices, job.c.nodes, job.c.owner, job.c.created_at)
         .where(
             queued(job),
-            job.c.nodes > 1,
+            job.c.nodes > literal_column("1"),  # as ix_job_gang's predicate says it
             job.c.devices <= total,
             job.c.accelerator.in_(served_accelerators(accelerator)),
             or_(job.c.recipe.in_(recipes), job.c.code.is_not(None)),
