@@ -84,6 +84,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="the two boxes' workers share both cores (two slots each, so each rank still "
+        "trains with one thread) instead of one core each",
+    )
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two cores: one per box")
@@ -96,11 +103,11 @@ def main() -> None:
         running_stack(Path(tmp), url) as stack,
     ):
         for box, core in (("box0", 0), ("box1", 1)):
-            with pinned({core}):
+            with pinned({core} if args.pin else {0, 1}):
                 stack.start_worker(
                     box,
                     env={"TRAINYARD_DATA_DIR": str(Path(tmp) / box)},
-                    cpu_slots=1,
+                    cpu_slots=1 if args.pin else 2,
                     shared_dir=Path(tmp) / "shared",
                 )
         with pinned({0, 1}):
@@ -126,8 +133,9 @@ def main() -> None:
     rows.append(
         {"layout": "ratio, across boxes / one box (median of turns)", "samples/s (median)": ratio}
     )
-    print_table(f"one job across boxes ({args.rounds} rounds)", rows)
-    save("multi_node", rows)
+    where = "a core each" if args.pin else "sharing both cores"
+    print_table(f"one job across boxes ({args.rounds} rounds, boxes on {where})", rows)
+    save("multi_node" if args.pin else "multi_node-unpinned", rows)
 
 
 if __name__ == "__main__":

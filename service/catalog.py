@@ -29,6 +29,7 @@ from service.models import (
     Job,
     JobCreate,
     JobLike,
+    JobNode,
     JobStatus,
     Reason,
     RecipeRead,
@@ -72,10 +73,13 @@ def list_workers(session: Session) -> list[WorkerRead]:
     """Every registered worker with its devices and the jobs holding them."""
     now = utcnow()
     workers = session.exec(select(Worker).order_by(Worker.id)).scalars().all()
-    held = session.exec(
-        select(Job.id, Job.worker_id, Job.assigned_devices).where(
-            col(Job.status).in_((JobStatus.running, JobStatus.cancelling))
-        )
+    active = col(Job.status).in_((JobStatus.running, JobStatus.cancelling))
+    held = list(session.exec(select(Job.id, Job.worker_id, Job.assigned_devices).where(active)))
+    # a job across boxes holds devices on each of its nodes' workers
+    held += session.exec(
+        select(JobNode.job_id, JobNode.worker_id, JobNode.devices)
+        .join(Job, col(Job.id) == JobNode.job_id)
+        .where(active)
     ).all()
     out = []
     for w in workers:
@@ -91,6 +95,7 @@ def list_workers(session: Session) -> list[WorkerRead]:
                 heartbeat_age_s=round(age, 3),
                 alive=w.stopped_at is None and age < WORKER_ALIVE_S,
                 running_jobs={jid: devs or [] for jid, wid, devs in held if wid == w.id},
+                across_boxes=w.across_boxes,
                 recipe_errors=w.recipe_errors,
             )
         )
@@ -222,9 +227,23 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
         )
     if spec.gpu_memory_gb is not None:
         _check_share(spec.gpu_memory_gb, eligible)
+    if spec.nodes > 1:
+        _check_boxes(spec, eligible)
     if spec.recipe is not None and spec.code is None:
         _check_memory(catalog, spec, eligible)
     return (ReasonCode.queued, f"waiting for a worker with {wants(spec)}")
+
+
+def _check_boxes(spec: JobCreate, eligible: list[Worker]) -> None:
+    """Refuse a job across more boxes than the registered workers that take such jobs."""
+    boxes = [w for w in eligible if w.across_boxes and len(w.devices) >= spec.devices]
+    if len(boxes) < spec.nodes:
+        raise SpecInvalid.at(
+            ("nodes",),
+            f"asks for {spec.nodes} nodes with {spec.devices} device(s) each; "
+            f"{len(boxes)} registered worker(s) take jobs across boxes with that many "
+            "(a worker takes them with TRAINYARD_SHARED_DIR set, on PostgreSQL)",
+        )
 
 
 def _check_share(share_gb: float, eligible: list[Worker]) -> None:
@@ -326,8 +345,9 @@ def waiting_reason(
     elif job.nodes > 1:
         code = ReasonCode.queued
         text = f"waiting for {wants(job)}: {joined} of {job.nodes} nodes free"
-        if len(able) < job.nodes:
-            text += f" ({len(able)} running worker(s) could be one)"
+        boxes = sum(w.across_boxes for w in able)
+        if boxes < job.nodes:
+            text += f" ({boxes} running worker(s) take jobs across boxes)"
     else:
         code, text = (
             ReasonCode.queued,

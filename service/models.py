@@ -534,6 +534,8 @@ class Worker(SQLModel, table=True):
     recipes: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
     # recipe sources the worker skipped: {"source": file or entry point, "error": one line}
     recipe_errors: list[dict[str, str]] = Field(default_factory=list, sa_type=JSON)
+    # whether it joins jobs across boxes (it has SHARED_DIR, on PostgreSQL)
+    across_boxes: bool = False
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -552,6 +554,9 @@ class WorkerRead(SQLModel):
     alive: bool
     heartbeat_age_s: float
     running_jobs: dict[int, list[int]] = Field(description="job id -> device indices it holds")
+    across_boxes: bool = Field(
+        False, description="Whether it takes part in jobs across boxes (nodes > 1)."
+    )
     recipe_errors: list[dict[str, str]] = Field(
         default_factory=list,
         description="Recipe files (or entry points) the worker skipped because they failed "

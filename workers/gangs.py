@@ -18,7 +18,9 @@ from typing import NamedTuple
 from sqlalchemy import Engine
 
 from service import store
+from service.db import is_sqlite
 from service.models import JobStatus
+from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Claim
 from service.store.gang import Member
@@ -58,16 +60,37 @@ class Gangs:
 
     @property
     def enabled(self) -> bool:
-        return self.settings.shared_dir is not None
+        """Whether this worker takes part: with a shared folder, on PostgreSQL (the API
+        refuses jobs across boxes on SQLite)."""
+        return self.settings.shared_dir is not None and not is_sqlite(self.engine)
+
+    def check_address(self) -> None:
+        """Refuse to start with an ADVERTISE_ADDRESS that is not this box's: every gang
+        this worker joined would fail its rendezvous."""
+        if not self.enabled:
+            return
+        try:
+            self._endpoint()
+        except OSError as exc:
+            raise SystemExit(
+                f"TRAINYARD_ADVERTISE_ADDRESS={self.settings.advertise_address} is not an "
+                f"address of this box ({exc}): give the one other boxes reach it at"
+            ) from exc
 
     def held(self) -> list[int]:
         """Devices held for the gang this worker waits in."""
         return [] if self.waiting is None else self.waiting.member.devices
 
     def step(
-        self, free: list[int], total: int, accelerator: str, recipes: list[str]
+        self,
+        free: list[int],
+        total: int,
+        accelerator: str,
+        recipes: list[str],
+        running: set[int],
     ) -> Start | None:
-        """One tick: join the head job's gang, wait in it, give up on it, or start it."""
+        """One tick: join the head job's gang, wait in it, give up on it, or start it
+        (``running``: jobs this worker runs now, never joined again meanwhile)."""
         now = time.monotonic()
         if self.waiting is not None:
             return self._wait(now)
@@ -83,7 +106,7 @@ class Gangs:
             lease_s=self.settings.lease_s,
             reserve_after_s=self.settings.reserve_after_s,
             max_running=self.settings.max_running_devices_per_user,
-            shunned=set(self.shunned),
+            shunned=set(self.shunned) | running,
         )
         self.reserving = head is not None and head.joined is None and head.reserving
         if head is None or head.joined is None:
@@ -130,7 +153,18 @@ class Gangs:
         return f"[{address}]:{port}" if family == socket.AF_INET6 else f"{address}:{port}"
 
     def leave_all(self) -> None:
-        """Stopping: give back the place this worker waits in."""
-        if self.waiting is not None:
-            store.gang.leave(self.engine, self.waiting.job_id, self.worker_id)
-            self.waiting = None
+        """Stopping: give back the place this worker waits in; if the gang was completed
+        meanwhile, hand the job back (no attempt spent): this node will not run."""
+        if self.waiting is None:
+            return
+        job_id = self.waiting.job_id
+        if not store.gang.leave(self.engine, job_id, self.worker_id):
+            claim = store.gang.gang_of(self.engine, job_id).claim
+            if claim is not None:
+                store.release_attempt(
+                    self.engine,
+                    claim.fence,
+                    ReasonCode.worker_shutdown,
+                    f"worker {self.worker_id}, one of its nodes, shut down as it started",
+                )
+        self.waiting = None

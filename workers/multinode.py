@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from datetime import timedelta
 
 import torch
@@ -52,10 +53,13 @@ def run(
     )
     os.environ.update(node.socket_env())  # read by gloo and NCCL as the ranks start
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # A forked rank's stderr is the runner's line prefixer, which has no file descriptor
+    # for faulthandler: torch warns so, in two lines per rank, and carries on.
+    warnings.filterwarnings("ignore", message="Unable to enable fault handler")
     try:
         elastic_launch(config, entrypoint=_rank_main)(spec, node, loaded, reports)
     except RendezvousError as exc:
-        raise not_met(node, exc) from exc
+        raise not_met(node, config, exc) from exc
     except SignalException as stop:  # the agent passed SIGTERM on and waited
         raise Preempted(f"stopped ({stop.sigval.name})") from stop
     except ChildFailedError as failed:

@@ -46,10 +46,9 @@ class Node:
     timeout_s: float  # the rendezvous must complete within this
     socket_ifname: str | None = None  # GLOO/NCCL_SOCKET_IFNAME for the ranks
 
-    @property
-    def others(self) -> str:
-        """The other nodes, in words: whom a rendezvous that did not complete awaited."""
-        return ", ".join(f"node {n} ({w})" for n, w in enumerate(self.workers) if n != self.node)
+    def named(self, nodes: list[int]) -> str:
+        """Nodes, in words: "node 1 (box-b)"."""
+        return ", ".join(f"node {n} ({self.workers[n]})" for n in nodes)
 
     def socket_env(self) -> dict[str, str]:
         """The interface the ranks' gloo and NCCL sockets use (``SOCKET_IFNAME``; on a
@@ -75,6 +74,10 @@ def launch_config(
     from torch.distributed.launcher.api import LaunchConfig
 
     register_rendezvous()
+    store = _rendezvous_store(node)
+    # Each node says it came, under a key of its own: whom a rendezvous that does not
+    # complete waited for is then known by name (torch's own state names addresses).
+    store.set(_came(run_id, node.node), node.workers[node.node])
     return LaunchConfig(
         min_nodes=node.nodes,
         max_nodes=node.nodes,
@@ -82,7 +85,7 @@ def launch_config(
         run_id=run_id,
         rdzv_backend=RENDEZVOUS_BACKEND,
         rdzv_endpoint=node.rendezvous,
-        rdzv_configs={"store": _rendezvous_store(node), "join_timeout": int(node.timeout_s)},
+        rdzv_configs={"store": store, "join_timeout": int(node.timeout_s)},
         local_addr=node.address,
         max_restarts=0,
         monitor_interval=0.2,
@@ -91,12 +94,25 @@ def launch_config(
     )
 
 
-def not_met(node: Node, exc: BaseException) -> RendezvousFailed:
-    """The error of a rendezvous that did not complete: whom it waited for."""
+def not_met(node: Node, config: LaunchConfig, exc: BaseException) -> RendezvousFailed:
+    """The error of a rendezvous that did not complete: the nodes that never came."""
+    store = config.rdzv_configs["store"]
+    where = f"the rendezvous at {node.rendezvous}"
+    try:
+        missing = [n for n in range(node.nodes) if not store.check([_came(config.run_id, n)])]
+    except Exception:  # node 0 stopped serving it (it gave up first, or died)
+        return RendezvousFailed(
+            f"{where} ended before it completed: {node.named([0])}, which served it, "
+            f"stopped ({type(exc).__name__})"
+        )
     return RendezvousFailed(
-        f"the rendezvous at {node.rendezvous} did not complete in {node.timeout_s:g}s: "
-        f"waiting for {node.others} ({type(exc).__name__}: {exc})"
+        f"{where} did not complete in {node.timeout_s:g}s: "
+        f"{node.named(missing) or 'every node came'} never came ({type(exc).__name__})"
     )
+
+
+def _came(run_id: str, node: int) -> str:
+    return f"trainyard/{run_id}/node-{node}"
 
 
 def _rendezvous_store(node: Node) -> dist.TCPStore:

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = make_engine(settings)
         try:  # one engine to read the job and record its environment
             job = load_job(engine, fence.job_id)
-            node = _node(settings, args) if args.node is not None else None
+            node = _node(settings, args, job) if args.node is not None else None
             if job.entrypoint is not None:
                 prepared = _prepare_script(engine, settings, fence, job, args, node)
             else:
@@ -85,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = strategies.run(spec, DbReports(settings, fence), recipe=recipe, params=params)
             report = RunnerReport(ok=True, result=result)
-        if report.ok:
+        if report.ok and not report.leader:
+            log.info(
+                "attempt %d: this node's ranks are done (global rank 0 is elsewhere)", args.attempt
+            )
+        elif report.ok:
             log.info("attempt %d succeeded: %s", args.attempt, json.dumps(report.result))
     except Preempted as stop:
         log.info("attempt %d: %s", args.attempt, stop)
@@ -98,15 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
-def _node(settings: Settings, args: argparse.Namespace) -> Node:
+def _node(settings: Settings, args: argparse.Namespace, job: Job) -> Node:
+    """This box's node. The others may still be preparing (a script's requirements take
+    up to REQUIREMENTS_TIMEOUT_S): the rendezvous waits that long too. (A node whose
+    worker died is caught sooner, by the lease: workers.gangs.)"""
     workers = tuple(args.node_workers.split(","))
+    preparing = settings.requirements_timeout_s if job.entrypoint is not None else 0.0
     return Node(
         node=args.node,
         nodes=len(workers),
         rendezvous=args.rendezvous,
         workers=workers,
         address=settings.advertise_address,
-        timeout_s=settings.gang_timeout_s,
+        timeout_s=settings.gang_timeout_s + preparing,
         socket_ifname=settings.socket_ifname,
     )
 

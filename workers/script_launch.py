@@ -126,7 +126,7 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
         return Ended("exited with 0", True, tail.lines(), leader=0 in ended)  # by global rank
     except RendezvousError as exc:
         assert node is not None  # on one box there is nobody to wait for
-        return Ended(str(not_met(node, exc)), False, tail.lines())
+        return Ended(str(not_met(node, config, exc)), False, tail.lines())
     except SignalException as stop:  # the agent stopped the ranks and waited for them
         terminated.set()
         return Ended(f"was stopped ({stop.sigval.name})", False, tail.lines())

@@ -141,6 +141,8 @@ class Supervisor:
                     self.database.call(self._heartbeat)
                 self._supervise(now)
                 self._flush_logs()
+                if self._stopping and self.gangs.waiting is not None:
+                    self.database.call(self.gangs.leave_all)  # not a node that never runs
                 claimed = not self._stopping and bool(self.database.call(self._claim))
                 if not claimed and not self._stopping and self.attempts:
                     self.database.call(self._preempt)
@@ -166,6 +168,7 @@ class Supervisor:
         # rather than after them. (This module imports nothing heavy for that reason.)
         self.launcher.open()
         self.box = Box.detect(self.settings.cpu_slots, self.settings.job_memory_fraction)
+        self.gangs.check_address()
         found = find_recipes(self.settings.recipes_dir)
         self.recipes, self.skipped_recipes = found.recipes, found.skipped
 
@@ -218,6 +221,7 @@ class Supervisor:
                 recipe_errors=[
                     {"source": s.source, "error": s.error} for s in self.skipped_recipes
                 ],
+                across_boxes=self.gangs.enabled,
             ),
         )
 
@@ -232,8 +236,9 @@ class Supervisor:
     def _renew_nodes(self) -> None:
         """This worker's nodes of jobs across boxes are alive; a job one of whose other
         nodes went silent is stopped here too (its ranks would wait on the lost one)."""
-        store.gang.renew_nodes(self.engine, self.worker_id)
         nodes = [job_id for job_id, a in self.attempts.items() if a.node is not None]
+        waiting = [] if self.gangs.waiting is None else [self.gangs.waiting.job_id]
+        store.gang.renew_nodes(self.engine, self.worker_id, nodes + waiting)
         for job_id, lost in store.gang.lost_nodes(
             self.engine, nodes, self.settings.lease_s
         ).items():
@@ -280,6 +285,7 @@ class Supervisor:
                 len(self.box.devices),
                 self.box.accelerator,
                 sorted(self.recipes),
+                running=set(self.attempts),  # a node of its last attempt may be ending
             )
             if start is not None:
                 self._start_node(start)
@@ -378,6 +384,8 @@ class Supervisor:
         )
 
     def _pending(self) -> bool:
+        if self.gangs.waiting is not None:
+            return True
         return (
             store.pending_count(
                 self.engine,

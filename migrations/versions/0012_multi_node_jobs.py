@@ -20,6 +20,10 @@ def upgrade() -> None:
     # Plain ADD COLUMN, not a batch: SQLite's batch would copy the table, and the copy
     # loses the DESC of the queue's indexes.
     op.add_column("job", sa.Column("nodes", sa.Integer(), nullable=False, server_default="1"))
+    op.add_column(
+        "worker",
+        sa.Column("across_boxes", sa.Boolean(), nullable=False, server_default=sa.false()),
+    )
     op.create_table(
         "job_node",
         sa.Column("job_id", sa.Integer(), nullable=False),
@@ -48,5 +52,7 @@ def downgrade() -> None:
     op.drop_index("ix_job_gang", table_name="job")
     op.drop_index("ix_job_node_worker_id", table_name="job_node")
     op.drop_table("job_node")
+    with op.batch_alter_table("worker", schema=None) as batch_op:
+        batch_op.drop_column("across_boxes")
     with op.batch_alter_table("job", schema=None) as batch_op:
         batch_op.drop_column("nodes")

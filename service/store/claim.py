@@ -382,7 +382,9 @@ def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int
     expires = utcnow() + timedelta(seconds=lease_s)
     held: dict[int, Held] = {}
     with write_session(engine) as session:
-        for fence in fences:
+        # in job order: the nodes of jobs across boxes renew the same rows, and two
+        # workers locking two of them in opposite orders would deadlock
+        for fence in sorted(fences, key=lambda f: f.job_id):
             row = session.exec(
                 update(Job)
                 .where(*fenced(fence))

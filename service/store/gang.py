@@ -105,22 +105,23 @@ def head_job(
     now (and start it, when this completes its gang); None when there is none.
 
     ``free``: the devices free here, ``endpoint``: where this worker would serve the
-    rendezvous, ``shunned``: jobs it left lately (their gangs did not fill), passed over.
+    rendezvous, ``shunned``: jobs it does not join now (it left their gangs lately, or
+    its node of their last attempt is still ending); such a job still reserves.
     """
     now = utcnow()
     with write_session(engine) as session:
         first = _first_job(total, accelerator, recipes, now)
-        if shunned:
-            first = first.where(_job.c.id.not_in(sorted(shunned)))
         # The job row's lock serialises its joiners: each sees the others' rows.
         row = session.execute(first.with_for_update()).one_or_none()
         if row is None:
             return None
         job_id, devices, nodes, owner, created_at = row
+        if not _within_quota(session, owner, devices * nodes, max_running):
+            return Head(job_id, None, False)  # its owner's quota holds it, not devices
         reserving = reserve_after_s is not None and created_at < now - timedelta(
             seconds=reserve_after_s
         )
-        if devices > len(free) or not _within_quota(session, owner, devices * nodes, max_running):
+        if devices > len(free) or job_id in shunned:
             return Head(job_id, None, reserving)
         # A member whose worker stopped renewing is not waiting any more.
         stale = now - timedelta(seconds=lease_s)
@@ -245,12 +246,19 @@ def leave(engine: Engine, job_id: int, worker_id: str) -> bool:
         return True
 
 
-def renew_nodes(engine: Engine, worker_id: str) -> None:
-    """This worker is alive in every gang it is in (waiting or running)."""
+def renew_nodes(engine: Engine, worker_id: str, job_ids: list[int]) -> None:
+    """This worker is alive in these jobs' gangs (the one it waits in, the nodes it runs):
+    not in others it may have a row in (a node whose start failed must go silent)."""
+    if not job_ids:
+        return
     with write_session(engine) as session:
         session.execute(
             update(node_table)
-            .where(node_table.c.worker_id == worker_id, node_table.c.done_at.is_(None))
+            .where(
+                node_table.c.worker_id == worker_id,
+                node_table.c.job_id.in_(sorted(job_ids)),
+                node_table.c.done_at.is_(None),
+            )
             .values(renewed_at=utcnow())
         )
 

@@ -39,15 +39,16 @@ def contenders(
     """(waiting, running): queued jobs this worker could run that have waited
     ``waited_s``, in the claim's order (owner's usage, priority, age); and of the
     ``running`` job ids, those that may be stopped (preemptible, not preempted within
-    ``cooldown_s``). Jobs sharing a GPU take part in neither: a share frees no whole
-    device."""
+    ``cooldown_s``). Jobs sharing a GPU take part in neither (a share frees no whole
+    device), nor do jobs across boxes (one node stopped frees one box's devices, and a
+    gang is not a claim this worker could make)."""
     shape, offer = _shape_params(served_accelerators(accelerator), recipes)
     owner = _user.c.name == _job.c.owner
     waiting = (
         select(*_COLUMNS)
         .join(_user, owner)
         .where(
-            *_claimable(_job, "total", "no_share", shape),
+            *_claimable(_job, "total", "no_share", shape),  # (one box's jobs only)
             _job.c.gpu_memory_gb.is_(None),
             _job.c.created_at <= bindparam("waited_since"),
         )
@@ -62,6 +63,7 @@ def contenders(
             _job.c.status == JobStatus.running,
             _job.c.preemptible.is_(True),
             _job.c.gpu_memory_gb.is_(None),
+            _job.c.nodes == 1,  # stopping one node of a job across boxes frees one box only
             or_(_job.c.preempted_at.is_(None), _job.c.preempted_at < bindparam("cooled")),
         )
     )

@@ -256,7 +256,9 @@ def expire_leases(engine: Engine) -> list[int]:
 def abandon_worker_jobs(engine: Engine, worker_id: str) -> list[int]:
     """Requeue the jobs a worker held before it restarted (its processes are already
     killed): its own, and those across boxes it was a node of."""
-    its_nodes = select(node_table.c.job_id).where(node_table.c.worker_id == worker_id)
+    its_nodes = select(node_table.c.job_id).where(
+        node_table.c.worker_id == worker_id, node_table.c.done_at.is_(None)
+    )
     return _abandon(
         engine,
         [or_(Job.worker_id == worker_id, col(Job.id).in_(its_nodes))],

@@ -111,7 +111,10 @@ def usage_by_user(
     active = [JobStatus.queued, *HOLDING]
     counts = session.execute(
         select(
-            _job.c.owner, _job.c.status, func.count(), func.coalesce(func.sum(_job.c.devices), 0)
+            _job.c.owner,
+            _job.c.status,
+            func.count(),
+            func.coalesce(func.sum(_job.c.devices * _job.c.nodes), 0),
         )
         .where(_job.c.status.in_(active))
         .group_by(_job.c.owner, _job.c.status)

@@ -141,9 +141,12 @@ def test_a_killed_box_stops_the_other_within_seconds_and_the_job_resumes(stack: 
 
 
 def test_a_gang_that_cannot_fill_gives_its_devices_back(stack: Stack) -> None:
-    """One box for a two-node job: it holds its slot for the job for gang_timeout_s, then
-    gives it back, and a small job queued behind runs."""
+    """One box running for a two-node job: it holds its slot for the job for
+    gang_timeout_s, then gives it back, and a small job queued behind runs."""
     start_box(stack, "box0", gang_timeout_s=2)
+    box1 = start_box(stack, "box1")  # registered (the submit counts it), then stopped
+    box1.send_signal(signal.SIGTERM)
+    assert box1.wait(timeout=30) == 0
     big = stack.submit(**SPEC, devices=1, nodes=2)
     waiting = wait_for(
         lambda: (j := stack.job(big["id"]))["node_list"] and j, 30, "box0 to join the gang"

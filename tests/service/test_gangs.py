@@ -78,6 +78,21 @@ def test_a_spec_across_boxes_is_checked_at_submit(
     assert any(e["loc"][-1] == field and words in e["msg"] for e in errors), errors
 
 
+@ON_POSTGRES
+def test_more_boxes_than_workers_that_take_them_is_refused(
+    client: TestClient, add_worker: Any
+) -> None:
+    add_worker("box1", across_boxes=True)
+    add_worker("box2")  # no SHARED_DIR: it takes no job across boxes
+    r = client.post("/api/v1/jobs", json=SPEC)
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"][-1] == "nodes"
+    assert "1 registered worker(s) take jobs across boxes" in error["msg"]
+    add_worker("box3", across_boxes=True)
+    assert client.post("/api/v1/jobs", json=SPEC).status_code == 201
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_across_boxes_is_refused_on_sqlite_saying_why(client: TestClient, add_worker: Any) -> None:
     add_worker("box1")
@@ -113,7 +128,7 @@ def test_the_job_starts_when_the_last_node_joins_and_not_before(
     client: TestClient, engine: Engine, add_worker: Any
 ) -> None:
     for box in ("box1", "box2", "box3"):
-        add_worker(box)
+        add_worker(box, across_boxes=True)
     job_id = enqueue(engine, nodes=3, batch_size=60)
     a = join(engine, "box1")
     assert a.joined is not None and a.joined.node == 0 and a.joined.devices == [0, 1]
@@ -157,14 +172,16 @@ def test_a_node_that_leaves_or_goes_silent_is_not_counted(engine: Engine) -> Non
 @ON_POSTGRES
 def test_every_worker_joins_the_same_job_first(engine: Engine) -> None:
     """Two jobs across boxes and two boxes: both join the first (priority, then age), so
-    neither job holds half the boxes for ever; a box that gave up on it joins the next."""
+    neither job holds half the boxes for ever."""
     first = enqueue(engine)
     second = enqueue(engine, priority=5)
     assert join(engine, "box1").job_id == second
     assert join(engine, "box2").job_id == second
     assert status(engine, second) == JobStatus.running
     assert status(engine, first) == JobStatus.queued
-    assert join(engine, "box3", shunned={first}) is None  # it gave up on it lately
+    # a box that gave up on the first lately joins no gang meanwhile (it serves one-box
+    # jobs), and the job still counts as the head: it may reserve
+    assert join(engine, "box3", shunned={first}) == (first, None, False)
 
 
 @ON_POSTGRES
@@ -178,6 +195,10 @@ def test_a_box_without_its_devices_free_reserves_them_once_the_job_waited(engine
         )
     busy = join(engine, "box1", free=[1], reserve_after_s=3600)
     assert busy.joined is None and busy.reserving  # claims nothing else meanwhile
+    # a box that gave up on it lately still reserves: else small jobs take the devices
+    # its gang waits for every time it steps aside
+    shunned = join(engine, "box2", reserve_after_s=3600, shunned={job_id})
+    assert shunned.joined is None and shunned.reserving
 
 
 @ON_POSTGRES
@@ -185,7 +206,9 @@ def test_quotas_count_every_nodes_devices(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(update(user_table).values(max_running_devices=3))
     job_id = enqueue(engine)  # 2 nodes x 2 devices = 4 > 3
-    assert join(engine, "box1").joined is None
+    blocked = join(engine, "box1", reserve_after_s=0)
+    assert blocked.joined is None  # waiting on its owner's quota, which no box can free:
+    assert not blocked.reserving  # it reserves nothing
     with engine.begin() as conn:
         conn.execute(update(user_table).values(max_running_devices=4))
     join(engine, "box1")
@@ -213,7 +236,7 @@ def test_a_silent_node_is_lost_a_done_one_is_not_and_a_requeue_ends_the_gang(
     assert store.gang.lost_nodes(engine, [job_id], 30.0) == {}
     with engine.begin() as conn:
         conn.execute(update(node_table).values(renewed_at=utcnow() - timedelta(seconds=60)))
-    store.gang.renew_nodes(engine, "box1")
+    store.gang.renew_nodes(engine, "box1", [job_id])
     [lost] = store.gang.lost_nodes(engine, [job_id], 30.0)[job_id]
     assert lost.worker_id == "box2" and lost.node == 1
     store.gang.node_done(engine, job_id, "box2")  # its ranks ended well: not lost

@@ -3,9 +3,9 @@ own when a node never comes."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 from tests.stack import REPO
@@ -13,29 +13,41 @@ from workers.node import Node
 
 
 def test_a_rendezvous_that_does_not_complete_names_the_missing_node(tmp_path: Path) -> None:
-    """Node 0 of a two-node job whose node 1 never comes: the attempt fails when the
-    rendezvous' time is up, saying whom it waited for (torch's own rendezvous, timing out
-    for real, in a process of its own)."""
-    code = textwrap.dedent(
-        f"""
-        import socket
-        from workers.node import Node
-        from workers.script_launch import Script, run_ranks
-        import threading
-        s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-        node = Node(0, 2, f"127.0.0.1:{{port}}", ("box0", "box1"), "127.0.0.1", 3.0)
-        script = Script(["-c", "pass"], {str(tmp_path)!r}, {{}}, None, ranks=1,
-                        run_id="rdzv-test", logs={str(tmp_path / "logs")!r}, node=node)
-        ended = run_ranks(script, threading.Event())
-        print("ENDED", ended.ok, ended.how)
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    [line] = [x for x in out.stdout.splitlines() if x.startswith("ENDED")]
-    assert line.startswith("ENDED False the rendezvous at 127.0.0.1:"), out
-    assert "did not complete in 3s: waiting for node 1 (box1)" in line, out
+    """Nodes 0 and 1 of a three-node job whose node 2 never comes: each fails when the
+    rendezvous' time is up, naming node 2 and only it (torch's own rendezvous, timing out
+    for real, each node in a process of its own)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen(
+        [sys.executable, "-c", NODE.format(node=n, port=port, tmp=str(tmp_path / str(n)))],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) for n in (0, 1)]  # fmt: skip
+    ended = []
+    for proc in nodes:
+        out, _ = proc.communicate(timeout=120)
+        [line] = [x for x in out.splitlines() if x.startswith("ENDED")]
+        assert line.startswith(f"ENDED False the rendezvous at 127.0.0.1:{port} "), out
+        ended.append(line)
+    assert "did not complete in 5s: node 2 (box2) never came" in ended[0], ended
+    # node 1 gave up at the same time, or saw node 0 stop serving the rendezvous first
+    assert (
+        "did not complete in 5s: node 2 (box2) never came" in ended[1]
+        or "ended before it completed: node 0 (box0), which served it, stopped" in ended[1]
+    ), ended
+
+
+# One node of the three, launching a script's ranks as the runner does.
+NODE = """
+import threading
+from workers.node import Node
+from workers.script_launch import Script, run_ranks
+node = Node({node}, 3, "127.0.0.1:{port}", ("box0", "box1", "box2"), "127.0.0.1", 5.0)
+script = Script(["-c", "pass"], {tmp!r}, {{}}, None, ranks=1, run_id="rdzv-test",
+                logs={tmp!r} + "/logs", node=node)
+ended = run_ranks(script, threading.Event())
+print("ENDED", ended.ok, ended.how)
+"""
 
 
 def test_a_loopback_node_keeps_its_ranks_sockets_on_loopback() -> None:
