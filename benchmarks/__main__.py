@@ -20,6 +20,8 @@ BENCHMARKS = [
     ["upload"],
     ["script_start"],
     ["script_speed"],
+    ["multi_node"],
+    ["multi_node", "--no-pin"],
 ]
 
 if __name__ == "__main__":
