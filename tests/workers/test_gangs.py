@@ -50,13 +50,14 @@ def test_a_box_alone_gives_its_devices_back_after_the_timeout(
     engine: Engine, settings: Settings
 ) -> None:
     job, _ = store.create_job(engine, JobCreate(**SPEC))
-    a = gangs(engine, settings, "box-a", gang_timeout_s=0.01)
+    a = gangs(engine, settings, "box-a", gang_timeout_s=30)
     step(a)
     assert a.waiting is not None
-    step(a)  # past the timeout: it leaves
+    a.waiting.since -= 31  # as if it had waited past gang_timeout_s
+    step(a)  # it leaves
     assert a.waiting is None and a.held() == []
     assert store.gang.gang_of(engine, job.id).members == []
-    assert step(a) is None and a.waiting is None  # and does not join again meanwhile
+    assert step(a) is None and a.waiting is None  # nor joins again for gang_timeout_s
 
 
 def test_a_box_stopping_as_its_gang_completes_hands_the_job_back(
