@@ -133,8 +133,8 @@ def main() -> None:
     rows.append(
         {"layout": "ratio, across boxes / one box (median of turns)", "samples/s (median)": ratio}
     )
-    where = "a core each" if args.pin else "sharing both cores"
-    print_table(f"one job across boxes ({args.rounds} rounds, boxes on {where})", rows)
+    where = "on a core each" if args.pin else "sharing both cores"
+    print_table(f"one job across boxes ({args.rounds} rounds, boxes {where})", rows)
     save("multi_node" if args.pin else "multi_node-unpinned", rows)
 
 
