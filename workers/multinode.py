@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from workers import gpu_share
+from workers import gpu_share, strategies
 from workers.node import Node, launch_config, not_met
 from workers.outcome import RunnerReport
 from workers.recipes import Recipe
@@ -37,8 +37,6 @@ def run(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
-
-    from workers import strategies
 
     # Forked ranks (a runner forked from the warm zygote) inherit the recipe as loaded;
     # spawned ones load it again by name (see strategies.load).
@@ -84,7 +82,6 @@ def _rank_main(
     """One rank, as the elastic launch starts it (``RANK``, ``LOCAL_RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of the agent's store in its
     environment): join the global group and train as any DDP rank does."""
-    from workers import strategies
     from workers.training import stop_on_sigterm
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])

@@ -264,11 +264,15 @@ def abandon_worker_jobs(engine: Engine, worker_id: str) -> list[int]:
         [or_(Job.worker_id == worker_id, col(Job.id).in_(its_nodes))],
         R.worker_restarted,
         "worker {worker} restarted while running the job",
+        worker=worker_id,  # not the job's (node 0's, for a job across boxes)
     )
 
 
-def _abandon(engine: Engine, where: list[Any], code: ReasonCode, message: str) -> list[int]:
-    """Active jobs matching ``where`` lose their attempt: retried if they may be, else ended."""
+def _abandon(
+    engine: Engine, where: list[Any], code: ReasonCode, message: str, worker: str | None = None
+) -> list[int]:
+    """Active jobs matching ``where`` lose their attempt: retried if they may be, else ended
+    (``message`` names ``worker``, by default the job's)."""
     now = utcnow()
     changed: list[int] = []
     with write_session(engine) as session:
@@ -277,7 +281,7 @@ def _abandon(engine: Engine, where: list[Any], code: ReasonCode, message: str) -
         query = select(Job).where(col(Job.status).in_(ACTIVE), *where)
         jobs = session.exec(query.with_for_update(skip_locked=True)).scalars().all()
         for job in jobs:
-            why = message.format(worker=job.worker_id)
+            why = message.format(worker=worker or job.worker_id)
             common = _lease_ended(code, why)
             if job.status == S.cancelling:  # what was asked is done: it no longer runs
                 ended = _lease_ended(ReasonCode.cancelled, f"cancelled while running ({why})")

@@ -245,3 +245,18 @@ def test_a_silent_node_is_lost_a_done_one_is_not_and_a_requeue_ends_the_gang(
     requeued = store.finish_attempt(engine, gang.claim.fence, outcome)
     assert requeued is not None and requeued.status == JobStatus.queued
     assert store.gang.gang_of(engine, job_id).members == []  # the next attempt: a new gang
+
+
+@ON_POSTGRES
+def test_a_node_whose_worker_restarts_requeues_the_job_under_its_name(engine: Engine) -> None:
+    job_id = enqueue(engine)
+    join(engine, "box1")
+    join(engine, "box2")
+    store.gang.node_done(engine, job_id, "box2")  # its ranks ended well: not its job now
+    assert store.abandon_worker_jobs(engine, "box2") == []
+    with engine.begin() as conn:
+        conn.execute(update(node_table).values(done_at=None))
+    assert store.abandon_worker_jobs(engine, "box2") == [job_id]
+    job = store.load_job(engine, job_id)
+    assert job.status == JobStatus.queued and job.reason_code == ReasonCode.worker_restarted
+    assert job.reason_message.startswith("worker box2 restarted"), job.reason_message
