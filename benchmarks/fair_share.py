@@ -81,7 +81,7 @@ def _plain() -> Any:
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
-    return claim_sql._take(target)
+    return claim_sql.take(target)
 
 
 PLAIN = _plain()

@@ -84,9 +84,12 @@ def _claimable(
     return where
 
 
-# What a claim reads back besides the fence (each column costs: ~40 of them made a
-# third of a claim's time in the worker).
-_CLAIM_SPEC = (
+# What a claim reads back: the fence, and the spec the worker needs to start it (each
+# column costs: ~40 of them made a third of a claim's time in the worker).
+CLAIM_COLUMNS = (
+    _job.c.id,
+    _job.c.attempt,
+    _job.c.lease_token,
     _job.c.devices,
     _job.c.strategy,
     _job.c.timeout_s,
@@ -94,6 +97,13 @@ _CLAIM_SPEC = (
     _job.c.gpu_memory_gb,
     _job.c.owner,
 )
+
+
+def claim_of(row: Any) -> Claim:
+    """The ``Claim`` a row of ``CLAIM_COLUMNS`` says."""
+    job_id, attempt, token, devices, strategy, timeout_s, script, share, owner = row
+    fence = Fence(job_id, attempt, token)
+    return Claim(fence, devices, Strategy(strategy), timeout_s, bool(script), share, owner)
 
 
 def _best_of(
@@ -222,12 +232,13 @@ def _take_one(shape: Shape) -> Any:
         return best.with_for_update(skip_locked=True).scalar_subquery()
 
     walk = _first_user("claimant", candidate)
-    return _take(case((reserved_id.is_(None), walk), else_=reserved_if_fits))
+    return take(case((reserved_id.is_(None), walk), else_=reserved_if_fits))
 
 
-def _take(target: Any) -> Any:
-    """The UPDATE that makes the job ``target`` (a scalar subquery) running, if it is still
-    queued, returning what a ``Claim`` holds."""
+def take(target: Any) -> Any:
+    """The UPDATE that makes the job ``target`` (a scalar subquery, or a parameter) running,
+    if it is still queued, returning what a ``Claim`` holds: the claim's, and the start of
+    a gang that is whole (``gang.py``)."""
     # The one status it may come from, ALLOWED_FROM[running], spelled as the partial
     # indexes' literal (a test checks that the two agree).
     return (
@@ -245,7 +256,7 @@ def _take(target: Any) -> Any:
             reason_message=bindparam("message"),
             **NEXT_STATUS,
         )
-        .returning(_job.c.id, _job.c.attempt, _job.c.lease_token, *_CLAIM_SPEC)
+        .returning(*CLAIM_COLUMNS)
     )
 
 
@@ -333,11 +344,7 @@ def claim_job(
                 "message": f"attempt running on {worker_id}",
             },
         ).one_or_none()  # exactly one row, or none: WHERE id = one id AND still queued
-    if row is None:
-        return None
-    job_id, attempt, token, devices, strategy, timeout_s, script, share, owner = row
-    fence = Fence(job_id, attempt, token)
-    return Claim(fence, devices, strategy, timeout_s, bool(script), share, owner)
+    return None if row is None else claim_of(row)
 
 
 def pending_count(

@@ -24,18 +24,17 @@ import secrets
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, delete, func, insert, literal_column, or_, select, update
+from sqlalchemy import Engine, bindparam, delete, insert, literal_column, or_, select, update
 from sqlmodel import Session
 
 from service.db import read_session, write_session
 from service.jobspec import served_accelerators
-from service.models import JobStatus, Strategy, utcnow
-from service.reasons import ReasonCode
-from service.store.claim import Claim
+from service.models import JobStatus, utcnow
+from service.store.claim import CLAIM_COLUMNS, Claim, claim_of, take
 from service.store.tables import job_table as _job
 from service.store.tables import node_table, queued
-from service.store.transitions import NEXT_STATUS, Fence
-from service.store.usage import running_devices
+from service.store.transitions import Fence
+from service.store.usage import quota_limit, running_devices
 from service.store.usage import user_table as _user
 
 
@@ -85,6 +84,15 @@ def _first_job(total: int, accelerator: str, recipes: list[str], now: datetime) 
         .order_by(job.c.priority.desc(), job.c.id)
         .limit(1)
     )
+
+
+def any_queued(engine: Engine, *, total: int, accelerator: str, recipes: list[str]) -> bool:
+    """Whether a multi-node job this worker could serve is queued: an idle worker looks,
+    without a lock, before it opens ``head_job``'s write transaction (most looks find
+    none)."""
+    with read_session(engine) as session:
+        first = _first_job(total, accelerator, recipes, utcnow())
+        return session.execute(first).first() is not None
 
 
 def head_job(
@@ -152,12 +160,9 @@ def head_job(
 
 def _within_quota(session: Session, owner: str, devices: int, max_running: int | None) -> bool:
     """Whether the owner's running quota has room for the whole job (every node's devices)."""
-    user = _user
     row = session.execute(
-        select(
-            func.coalesce(user.c.max_running_devices, max_running),
-            running_devices(user.c.name),
-        ).where(user.c.name == owner)
+        select(quota_limit(_user), running_devices(_user.c.name)).where(_user.c.name == owner),
+        {"max_running": max_running},
     ).one_or_none()
     if row is None:
         return False  # as the claim: a job whose owner has no user row is never taken
@@ -165,64 +170,58 @@ def _within_quota(session: Session, owner: str, devices: int, max_running: int |
     return limit is None or running + devices <= limit
 
 
+# The claim's UPDATE, for one job named by a parameter.
+_TAKE_ONE_JOB = take(bindparam("job"))
+
+
 def _start(
     session: Session, job_id: int, members: list[Member], now: datetime, lease_s: float
 ) -> None:
-    """The gang is complete: the job runs, on node 0's worker's name, with one lease
-    every node renews."""
+    """The gang is complete: the job runs, as a claim makes a job running, on node 0's
+    worker's name, with one lease every node renews."""
     workers = ", ".join(m.worker_id for m in members)
     session.execute(
-        update(_job)
-        .where(_job.c.id == job_id, queued(_job))
-        .values(
-            status=JobStatus.running,
-            worker_id=members[0].worker_id,
-            assigned_devices=members[0].devices,
-            lease_token=secrets.token_hex(16),
-            lease_expires_at=now + timedelta(seconds=lease_s),
-            started_at=now,
-            finished_at=None,
-            progress=None,
-            reason_code=ReasonCode.running,
-            reason_message=f"attempt running on {len(members)} nodes: {workers}",
-            **NEXT_STATUS,
-        )
+        _TAKE_ONE_JOB,
+        {
+            "job": job_id,
+            "worker": members[0].worker_id,
+            "token": secrets.token_hex(16),
+            "expires": now + timedelta(seconds=lease_s),
+            "now": now,
+            "message": f"attempt running on {len(members)} nodes: {workers}",
+        },
     )
 
 
 def _members(session: Session, job_id: int) -> list[Member]:
+    return _nodes(session, node_table.c.job_id == job_id).get(job_id, [])
+
+
+def _nodes(session: Session, *where: Any) -> dict[int, list[Member]]:
+    """The nodes ``where`` says, by job, each job's by node."""
     rows = session.execute(
-        select(*_MEMBER).where(node_table.c.job_id == job_id).order_by(node_table.c.node)
+        select(node_table.c.job_id, *_MEMBER)
+        .where(*where)
+        .order_by(node_table.c.job_id, node_table.c.node)
     )
-    return [Member(n, w, list(d), e) for n, w, d, e in rows]
+    found: dict[int, list[Member]] = {}
+    for job_id, node, worker, devices, endpoint in rows:
+        found.setdefault(job_id, []).append(Member(node, worker, list(devices), endpoint))
+    return found
 
 
 def gang_of(engine: Engine, job_id: int) -> Gang:
     """A gang as its members see it: the job's status and, once it runs, its claim."""
     with read_session(engine) as session:
         row = session.execute(
-            select(
-                _job.c.status,
-                _job.c.attempt,
-                _job.c.lease_token,
-                _job.c.nodes,
-                _job.c.devices,
-                _job.c.strategy,
-                _job.c.timeout_s,
-                _job.c.recipe.is_(None),
-                _job.c.owner,
-            ).where(_job.c.id == job_id)
+            select(_job.c.status, _job.c.nodes, *CLAIM_COLUMNS).where(_job.c.id == job_id)
         ).one_or_none()
         members = _members(session, job_id)
     if row is None:
         return Gang(None, [], 0, None)
-    status, attempt, token, nodes, devices, strategy, timeout_s, script, owner = row
-    status = JobStatus(status)
-    claim = None
-    if status == JobStatus.running and token is not None:
-        fence = Fence(job_id, attempt, token)
-        claim = Claim(fence, devices, Strategy(strategy), timeout_s, bool(script), None, owner)
-    return Gang(status, members, nodes, claim)
+    status, nodes, *claimed = row
+    running = status == JobStatus.running and row.lease_token is not None
+    return Gang(JobStatus(status), members, nodes, claim_of(claimed) if running else None)
 
 
 def leave(engine: Engine, job_id: int, worker_id: str) -> bool:
@@ -268,18 +267,13 @@ def lost_nodes(engine: Engine, job_ids: list[int], lease_s: float) -> dict[int, 
     if not job_ids:
         return {}
     stale = utcnow() - timedelta(seconds=lease_s)
-    lost: dict[int, list[Member]] = {}
     with read_session(engine) as session:
-        rows = session.execute(
-            select(node_table.c.job_id, *_MEMBER).where(
-                node_table.c.job_id.in_(job_ids),
-                node_table.c.renewed_at < stale,
-                node_table.c.done_at.is_(None),
-            )
+        return _nodes(
+            session,
+            node_table.c.job_id.in_(job_ids),
+            node_table.c.renewed_at < stale,
+            node_table.c.done_at.is_(None),
         )
-        for job_id, node, worker, devices, endpoint in rows:
-            lost.setdefault(job_id, []).append(Member(node, worker, list(devices), endpoint))
-    return lost
 
 
 def node_started(engine: Engine, fence: Fence, worker_id: str, pgid: int) -> None:
@@ -329,14 +323,4 @@ def held_by(engine: Engine, worker_id: str) -> list[Held]:
 
 def nodes_of(session: Session, job_ids: list[int]) -> dict[int, list[Member]]:
     """The nodes of these jobs (the API shows them), by node."""
-    if not job_ids:
-        return {}
-    found: dict[int, list[Member]] = {}
-    rows = session.execute(
-        select(node_table.c.job_id, *_MEMBER)
-        .where(node_table.c.job_id.in_(job_ids))
-        .order_by(node_table.c.job_id, node_table.c.node)
-    )
-    for job_id, node, worker, devices, endpoint in rows:
-        found.setdefault(job_id, []).append(Member(node, worker, list(devices), endpoint))
-    return found
+    return _nodes(session, node_table.c.job_id.in_(job_ids)) if job_ids else {}
