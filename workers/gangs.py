@@ -95,6 +95,11 @@ class Gangs:
         if self.waiting is not None:
             return self._wait(now)
         self.shunned = {j: t for j, t in self.shunned.items() if t > now}
+        if not store.gang.any_queued(
+            self.engine, total=total, accelerator=accelerator, recipes=recipes
+        ):
+            self.reserving = False
+            return None
         head = store.gang.head_job(
             self.engine,
             worker_id=self.worker_id,
