@@ -212,6 +212,8 @@ class Settings(BaseSettings):
 
 
 def is_loopback(host: str) -> bool:
+    """Whether a host name or address is loopback (the API's bind, a worker's advertised
+    address)."""
     if host == "localhost":
         return True
     try:

@@ -17,11 +17,11 @@ progress and metrics and writes the final weights, and its runner's report ends 
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from service.settings import is_loopback
 from workers.loopback import (
     RENDEZVOUS_BACKEND,
     bound_store,
@@ -56,7 +56,7 @@ class Node:
         failure aborts a collective instead of leaving it to its timeout."""
         env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
         interface = self.socket_ifname
-        if interface is None and _is_loopback(self.address):
+        if interface is None and is_loopback(self.address):
             interface = loopback_interface()
         if interface is not None:
             env.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
@@ -133,10 +133,3 @@ def _rendezvous_store(node: Node) -> dist.TCPStore:
             f"node 0 ({node.workers[0]}) did not serve the rendezvous at {node.rendezvous} "
             f"within {node.timeout_s:g}s: {exc}"
         ) from exc
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"

@@ -42,6 +42,7 @@ from workers.node import Node
 from workers.outcome import RunnerReport
 from workers.reporter import DbReports
 from workers.script_launch import Script, free_port, run_process, run_ranks
+from workers.training.spec import shared_checkpoints
 from workers.venvs import python_for, requirement_lines
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,9 @@ def prepare(
     cache = BlobCache(settings)
     package = cache.code(job.code)
     place_inputs(cache, job.data or {}, files.inputs)
-    checkpoints = files.checkpoints
-    if node is not None:  # kept where the next attempt's nodes find it, on any box
-        assert settings.shared_dir is not None  # a worker without one joins no gang
-        checkpoints = JobFiles.of(settings.shared_dir, job.id).checkpoints
+    # across boxes, kept where the next attempt's nodes find it, on any box
+    shared = shared_checkpoints(job, settings.shared_dir)
+    checkpoints = files.checkpoints if shared is None else Path(shared)
     for folder in (files.output, checkpoints):
         folder.mkdir(parents=True, exist_ok=True)
     metrics = files.metrics_file(attempt)

@@ -135,13 +135,14 @@ def resolve(
         attempt=attempt,
         nodes=job.nodes,
         node=node,
-        checkpoint_dir=_shared_checkpoints(job, shared_dir),
+        checkpoint_dir=shared_checkpoints(job, shared_dir),
     )
     return spec, params
 
 
-def _shared_checkpoints(job: Job, shared_dir: Path | None) -> str | None:
-    """A job across boxes' checkpoint folder, in the folder every box shares."""
+def shared_checkpoints(job: Job, shared_dir: Path | None) -> str | None:
+    """A job across boxes' checkpoint folder, in the folder every box shares (None for a
+    job on one box: its own folder's)."""
     if job.nodes == 1:
         return None
     if shared_dir is None:  # the supervisor joins no gang without one
