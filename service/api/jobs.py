@@ -1,4 +1,7 @@
-"""/api/v1/jobs: submit, list, inspect, cancel; metrics, logs and artifacts of a job."""
+"""/api/v1/jobs: submit, list, inspect, cancel; metrics, logs and artifacts of a job.
+
+One router, past ~300 lines: every route of one resource, /jobs/{id} and below, with the
+checks a submit and a rerun share; what they call is elsewhere (store, catalog, users)."""
 
 from __future__ import annotations
 

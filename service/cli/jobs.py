@@ -1,4 +1,8 @@
-"""Talking to a Trainyard server over HTTP: submit, ls, status, logs, cancel."""
+"""Talking to a Trainyard server over HTTP: submit, ls, status, logs, cancel.
+
+One module past ~300 lines: the commands share how a job is shown (its line, its
+nodes, its progress while followed) and how the server's errors are printed; the
+packing and upload of a code package are apart, in ``pack.py`` and ``blobs.py``."""
 
 from __future__ import annotations
 

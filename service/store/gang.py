@@ -16,6 +16,10 @@ so a stream of small jobs cannot starve it (``Head.reserving``).
 Once running, every node renews the job's lease with the one fence the gang shares,
 and its own row; a node whose row goes stale is lost, and the others end the attempt
 (``lost_nodes``). Rows go when the job leaves running (``transitions._transition``).
+
+One module past ~300 lines: joining, starting, leaving, renewing and losing a node are
+one protocol over the ``job_node`` rows, each step relying on what the others write
+under the same lock; split, a reader would have to hold them all in mind anyway.
 """
 
 from __future__ import annotations
