@@ -116,8 +116,10 @@ class Supervisor:
         """Work until stopped; with ``drain``, until no job it could run is left."""
         try:
             self._open()
-            self._register()
+            # Recover first: once registered, a worker is seen as up (tests and operators
+            # wait for that), so what its last run left is settled by then.
             self.leases.recover(self.worker_id)
+            self._register()
         except BaseException:
             self.launcher.close()  # the zygote must not outlive a worker that never started
             self.engine.dispose()
