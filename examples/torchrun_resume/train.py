@@ -11,6 +11,7 @@ the seed and epoch, and the snapshot holds the model, the optimizer and the posi
 import argparse
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -130,3 +131,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Leave without the interpreter's teardown: even after the barrier and a clean
+    # destroy_process_group(), a gloo rank on CPU now and then aborts at exit (seen in
+    # CI: "terminate called without an active exception", a C++ thread destroyed during
+    # finalisation), and torchrun counts that rank as failed. All this rank owes is
+    # written: its files closed and replaced, its output flushed here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
