@@ -1,11 +1,12 @@
 """Virtualenvs for a script job's pip requirements, layered on the worker's own packages.
 
-One virtualenv per requirement set (its hash, with this interpreter's), built once under
-a file lock, kept in ``<cache_dir>/venvs/<hash>/`` and reused by every job that asks for
-the same set. It sees the worker's packages (torch is never reinstalled) through a
-``.pth`` file naming the worker's site-packages: ``--system-site-packages`` alone would
-reach the base interpreter's, not those of a worker that itself runs in a virtualenv.
-pip is the worker's own (``pip --python``), so a new virtualenv needs no pip of its own.
+One virtualenv per requirement set (its hash, with this interpreter's and the bytes of
+the package files it names), built once under a file lock, kept in
+``<cache_dir>/venvs/<hash>/`` and reused by every job that asks for the same set. It
+sees the worker's packages (torch is never reinstalled) through a ``.pth`` file naming
+the worker's site-packages: ``--system-site-packages`` alone would reach the base
+interpreter's, not those of a worker that itself runs in a virtualenv. pip is the
+worker's own (``pip --python``), so a new virtualenv needs no pip of its own.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def python_for(lines: list[str], cache_dir: Path, package: Path, *, timeout_s: f
     """The interpreter a script job runs: this one, or a virtualenv with ``lines``."""
     if not lines:
         return sys.executable
-    key = hashlib.sha256("\n".join([sys.executable, *sorted(lines)]).encode()).hexdigest()[:32]
+    key = venv_key(lines, package)
     root = cache_dir / "venvs"
     target = root / key
     python = str(target / "bin" / "python")
@@ -60,6 +61,45 @@ def python_for(lines: list[str], cache_dir: Path, package: Path, *, timeout_s: f
         if not (target / READY).exists():
             _build(target, lines, package, timeout_s)
     return python
+
+
+def venv_key(lines: list[str], package: Path) -> str:
+    """A requirement set's virtualenv name: this interpreter, the lines, and the bytes of
+    what they name inside the package (``./wheels/x.whl``, ``-e .``, ``-r more.txt``,
+    ``--find-links ./wheels``). A new package whose wheel changed under the same file name
+    gets a virtualenv of its own, not the one built from the old wheel."""
+    key = hashlib.sha256("\n".join([sys.executable, *sorted(lines)]).encode())
+    root = package.resolve()
+    for path in _named_paths(lines, root):
+        key.update(f"\0{path.relative_to(root)}\0".encode())
+        key.update(_tree_digest(path))
+    return key.hexdigest()[:32]
+
+
+def _named_paths(lines: list[str], root: Path) -> list[Path]:
+    """The package's own files and folders that requirement lines name, each once. A word
+    that names nothing inside the package (a project name, a version, a marker) is not
+    one; the package is unpacked read-only once per digest, so these bytes stay put."""
+    found: dict[Path, None] = {}
+    for line in sorted(lines):
+        for word in line.split():
+            if word.startswith("-") and "=" in word:
+                word = word.split("=", 1)[1]  # --find-links=./wheels
+            path = (root / word.removeprefix("file:")).resolve()
+            if path.is_relative_to(root) and path.exists():
+                found[path] = None
+    return list(found)
+
+
+def _tree_digest(path: Path) -> bytes:
+    """SHA-256 over a file's bytes, or over a folder's files (names and bytes, in order)."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        digest.update(f"\0{file.relative_to(path)}\0".encode())
+        with open(file, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.digest()
 
 
 def _build(target: Path, lines: list[str], package: Path, timeout_s: float) -> None:

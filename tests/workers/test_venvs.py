@@ -14,14 +14,19 @@ import pytest
 
 from service.reasons import ReasonCode
 from workers.errors import NotRetryable
-from workers.venvs import python_for, requirement_lines
+from workers.venvs import python_for, requirement_lines, venv_key
 
 
-def make_wheel(folder: Path, name: str = "hello_ty", version: str = "0.1") -> Path:
+def make_wheel(
+    folder: Path,
+    name: str = "hello_ty",
+    version: str = "0.1",
+    greeting: str = "hello from a requirement",
+) -> Path:
     """A minimal pure-Python wheel (a module and its metadata), as a build backend makes."""
     dist = f"{name}-{version}.dist-info"
     files = {
-        f"{name}.py": b"GREETING = 'hello from a requirement'\n",
+        f"{name}.py": f"GREETING = {greeting!r}\n".encode(),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
@@ -68,6 +73,42 @@ def test_a_requirement_installs_once_into_a_layered_virtualenv(tmp_path: Path) -
     again = python_for(list(reversed(lines)), tmp_path / "cache", package, timeout_s=120)
     assert again == python  # the same set in another order: the same virtualenv
     assert len(list((tmp_path / "cache" / "venvs").glob("*/.ready"))) == 1
+
+
+def test_the_key_holds_the_bytes_of_the_package_files_the_lines_name(tmp_path: Path) -> None:
+    """Same lines, same wheel bytes: one virtualenv, wherever the package is unpacked.
+    Other bytes under the same name (or in a folder, or the package itself): another."""
+
+    def package(name: str, greeting: str) -> Path:
+        (tmp_path / name / "wheels").mkdir(parents=True)
+        make_wheel(tmp_path / name / "wheels", greeting=greeting)
+        return tmp_path / name
+
+    first, same, changed = package("a", "hi"), package("b", "hi"), package("c", "hello")
+    for lines in (
+        ["./wheels/hello_ty-0.1-py3-none-any.whl"],
+        ["--no-index", "--find-links=./wheels", "hello_ty"],
+        ["-e", "."],
+    ):
+        assert venv_key(lines, first) == venv_key(lines, same), lines
+        assert venv_key(lines, first) != venv_key(lines, changed), lines
+    outside = ["../c/wheels/hello_ty-0.1-py3-none-any.whl", "numpy==2.4.6"]
+    assert venv_key(outside, first) == venv_key(outside, same)  # only the package's own
+
+
+@pytest.mark.slow
+def test_a_new_wheel_under_the_same_name_gets_a_new_virtualenv(tmp_path: Path) -> None:
+    """The user rebuilt their wheel (same file name, new code) and uploaded a new package:
+    the job runs the new code, not the virtualenv that the old wheel made."""
+    lines = ["--no-index", "./wheels/hello_ty-0.1-py3-none-any.whl"]
+    greetings = []
+    for version, greeting in (("old", "hello from the old wheel"), ("new", "hello, rebuilt")):
+        (tmp_path / version / "wheels").mkdir(parents=True)
+        make_wheel(tmp_path / version / "wheels", greeting=greeting)
+        python = python_for(lines, tmp_path / "cache", tmp_path / version, timeout_s=120)
+        probe = [python, "-c", "import hello_ty; print(hello_ty.GREETING)"]
+        greetings.append(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
+    assert greetings == ["hello from the old wheel\n", "hello, rebuilt\n"]
 
 
 @pytest.mark.slow
