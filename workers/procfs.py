@@ -1,5 +1,6 @@
-"""What /proc says about processes: their state, group, session and start time, and the
-kill of what a dead supervisor left behind. Linux only, like the rest of the worker."""
+"""What /proc says about processes: their state, group, session, start time and children;
+the kill of a process tree, and of what a dead supervisor left behind. Linux only, like
+the rest of the worker."""
 
 from __future__ import annotations
 
@@ -30,6 +31,42 @@ def group_members(pgid: int) -> list[int]:
             if fields and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 members.append(int(entry.name))
     return members
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL a process and every process below it; returns their pids.
+
+    Each is stopped first (SIGSTOP), and /proc is read again until no new one shows:
+    a stopped process forks no more, and none is orphaned (re-parented out of reach) by
+    its parent's death before it is found. Processes that leave their group or session
+    are found too: this follows parents, not groups."""
+    stopped: list[int] = []
+    while found := [p for p in [pid, *_below(pid)] if p not in stopped]:
+        for p in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+        stopped += found
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    return stopped
+
+
+def _below(pid: int) -> list[int]:
+    """Live processes descended from ``pid`` (children, theirs, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = stat_fields(int(entry.name))
+            if fields and fields[0] not in ("Z", "X"):
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 def session_of(pid: int) -> int | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from service.reasons import ReasonCode
 from workers.errors import NotRetryable
+from workers.procfs import kill_tree
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,9 @@ def _pip_install(target: Path, lines: list[str], package: Path, timeout_s: float
         try:
             _copy_lines(pip, tail, timeout_s)
         except subprocess.TimeoutExpired:
-            pip.kill()
+            # The whole tree: ``pip --python`` runs a second pip under the virtualenv's
+            # interpreter, and that one runs build backends, all holding our pipe open.
+            kill_tree(pip.pid)
             raise NotRetryable(
                 ReasonCode.requirements_failed,
                 f"pip install took longer than {timeout_s:.0f}s (TRAINYARD_REQUIREMENTS_TIMEOUT_S)",

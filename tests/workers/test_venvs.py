@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from service.reasons import ReasonCode
+from tests.stack import wait_for
 from workers.errors import NotRetryable
+from workers.procfs import stat_fields
 from workers.venvs import python_for, requirement_lines, venv_key
 
 
@@ -109,6 +111,29 @@ def test_a_new_wheel_under_the_same_name_gets_a_new_virtualenv(tmp_path: Path) -
         probe = [python, "-c", "import hello_ty; print(hello_ty.GREETING)"]
         greetings.append(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
     assert greetings == ["hello from the old wheel\n", "hello, rebuilt\n"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # before the fix, the timeout waited for the backend: an hour
+def test_an_install_past_its_timeout_ends_with_every_process_it_started(tmp_path: Path) -> None:
+    """A build backend that hangs, two processes below the pip we start (``pip --python``
+    runs a second pip, which runs the backend): the timeout ends all of them, and says so."""
+    package = tmp_path / "package"
+    (package / "hangs").mkdir(parents=True)
+    (package / "hangs" / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "hang"\nbackend-path = ["."]\n'
+    )
+    pid_file = tmp_path / "backend.pid"
+    (package / "hangs" / "hang.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
+    )
+    with pytest.raises(NotRetryable) as failed:
+        python_for(["--no-index", "./hangs"], tmp_path / "cache", package, timeout_s=15)
+    assert failed.value.code == ReasonCode.requirements_failed
+    assert "took longer than 15s (TRAINYARD_REQUIREMENTS_TIMEOUT_S)" in str(failed.value)
+    backend = int(pid_file.read_text())
+    wait_for(lambda: stat_fields(backend)[:1] in ([], ["Z"]), 10, "the backend to be killed")
+    assert not list((tmp_path / "cache" / "venvs").glob("*/.ready"))
 
 
 @pytest.mark.slow
