@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.cli.jobs import PACKAGE_WARN_BYTES
 from service.migrate import head_revision
 from tests.e2e.conftest import one_database
 from tests.stack import RECIPES_DIR, REPO, Stack, free_port, running_stack, stack_env, wait_for
@@ -40,7 +41,11 @@ def test_submit_follow_exit_code_says_how_the_job_ended(stack: Stack, tmp_path: 
     assert ok.returncode == 0, ok.stderr
     job_id = int(ok.stdout.strip())
     assert stack.job(job_id)["status"] == "succeeded"
-    assert "succeeded" in ok.stderr
+    # the bar's last state: the job, its steps, its epoch and loss, then how it ended
+    bar = " ".join(ok.stderr.split())
+    steps = stack.job(job_id)["progress"]["total_steps"]
+    assert f"job {job_id} succeeded" in bar and f"{steps}/{steps} epoch 2/2 loss " in bar, bar
+    assert f"job {job_id} succeeded: " in bar
 
     spec = tmp_path / "job.yaml"
     spec.write_text("recipe: tiny\nmax_attempts: 1\nparams:\n  fail: true\n")
@@ -110,6 +115,26 @@ def test_submit_code_packs_uploads_and_runs_a_script(stack: Stack, tmp_path: Pat
     removed = cli(stack, "blobs", "rm", code)
     assert removed.returncode == 0 and f"deleted {code}" in removed.stdout
     assert stack.http.head(f"/blobs/{code}").status_code == 404
+
+
+@CLIENT_SIDE
+def test_submit_code_past_half_the_limit_names_its_largest_files(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A package past half the server's default limit is still sent, with a warning that
+    names what makes it big and how to leave data out of it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    (project / "weights.bin").write_bytes(os.urandom(PACKAGE_WARN_BYTES + 2**20))
+    r = cli(stack, "submit", "--code", str(project), "--", "python", "train.py")
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stderr.split())  # rich wraps the line on a narrow stderr
+    size = (PACKAGE_WARN_BYTES + 2**20) / 2**20
+    assert f"warning: the package of {project} is " in said, said
+    assert f"largest files: weights.bin ({size:.1f} MiB), train.py (0.0 MiB)" in said, said
+    assert "with .trainyardignore and pass it with --data" in said
+    assert stack.job(int(r.stdout))["entrypoint"] == ["python", "train.py"]
 
 
 @CLIENT_SIDE

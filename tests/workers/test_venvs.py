@@ -8,6 +8,7 @@ import base64
 import hashlib
 import subprocess
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,26 @@ def test_the_key_holds_the_bytes_of_the_package_files_the_lines_name(tmp_path: P
         assert venv_key(lines, first) != venv_key(lines, changed), lines
     outside = ["../c/wheels/hello_ty-0.1-py3-none-any.whl", "numpy==2.4.6"]
     assert venv_key(outside, first) == venv_key(outside, same)  # only the package's own
+
+
+@pytest.mark.slow
+def test_jobs_asking_for_one_set_at_once_share_one_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two jobs start together with the same requirements: one builds under the lock, the
+    other waits for it and finds the virtualenv ready (pip ran once)."""
+    package = tmp_path / "package"
+    (package / "wheels").mkdir(parents=True)
+    wheel = make_wheel(package / "wheels")
+    lines = ["--no-index", f"./wheels/{wheel.name}"]
+    with ThreadPoolExecutor(2) as pool:
+        found = list(
+            pool.map(lambda _: python_for(lines, tmp_path / "cache", package, timeout_s=120), "ab")
+        )
+    assert found[0] == found[1]
+    assert capsys.readouterr().out.count(f"Processing ./wheels/{wheel.name}") == 1
+    probe = [found[0], "-c", "import hello_ty; print(hello_ty.GREETING)"]
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
 
 
 @pytest.mark.slow
