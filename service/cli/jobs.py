@@ -273,10 +273,13 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
     for job in jobs:
         reason = (job.get("reason") or {}).get("message", "")
         what = job["recipe"] or " ".join(job["entrypoint"] or [])[:20]
+        shape = f"x{job['devices']}"
+        if job["nodes"] > 1:  # a job across boxes: devices per box
+            shape = f"{job['nodes']} boxes {shape}"
         typer.echo(
             printable(
                 f"{job['id']:>6}  {job['status']:<10}  {job['owner']:<12}  {what:<20}  "
-                f"{job['strategy']:<6} x{job['devices']}  {reason}"
+                f"{job['strategy']:<6} {shape}  {reason}"
             )
         )
 

@@ -17,6 +17,7 @@ from safetensors.torch import load
 
 from tests.e2e.conftest import one_database
 from tests.e2e.test_chaos import _trained, assert_same_weights
+from tests.e2e.test_cli import cli
 from tests.e2e.test_script_jobs import by_hand, submit_example
 from tests.stack import Stack, wait_for
 from workers.jobfiles import MODEL_FILE
@@ -111,6 +112,8 @@ def test_two_boxes_train_the_weights_of_one_box_and_of_single(stack: Stack) -> N
     # metrics and progress came from global rank 0
     assert stack.http.get(f"/jobs/{job['id']}/metrics").json()
     assert done["progress"]["step"] == done["progress"]["total_steps"]
+    listed = cli(stack, "ls").stdout  # the CLI's list says it spans boxes
+    assert f"{job['id']}  succeeded" in listed and "ddp    2 boxes x1" in listed, listed
 
 
 def test_a_killed_box_stops_the_other_within_seconds_and_the_job_resumes(stack: Stack) -> None:
