@@ -34,6 +34,8 @@ def describe(exc: BaseException, rank: int | None = None) -> dict[str, Any]:
     return {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": str(exc)[:2000],
+        # A NotRetryable's message is a sentence for the user: the reason shows it alone.
+        "plain": isinstance(exc, NotRetryable),
         "traceback": tb[-TRACEBACK_LINES:],
         "rank": rank,
         "code": code,  # a StrEnum: JSON holds its value, as before

@@ -122,10 +122,13 @@ def decide(
         return Outcome(JobStatus.queued, ReasonCode.preempted, f"preempted: {report.preempted}")
     error = report.error or {}
     ranks = f" ({error['ranks']})" if error.get("ranks") else ""
+    said = str(error.get("message"))
+    if not error.get("plain"):  # an exception's own words: say whose
+        said = f"{error.get('type')}: {said}"
     return Outcome(
         JobStatus.failed,
         _reason(error.get("code")),
-        storable_text(f"{error.get('type')}: {error.get('message')}{ranks}"[:2000]),
+        storable_text(f"{said}{ranks}"[:2000]),
         error=error,
         retryable=bool(error.get("retryable", True)),
     )

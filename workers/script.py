@@ -186,6 +186,7 @@ def _failed(
         error={
             "type": "ScriptFailed",
             "message": message,
+            "plain": True,  # the reason reads "the script exited with 1", no type before it
             "traceback": tail,
             "rank": None,
             "code": code,

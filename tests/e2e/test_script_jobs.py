@@ -120,7 +120,9 @@ def test_every_example_runs_uploaded_to_succeeded(stack: Stack, tmp_path: Path) 
     )
     assert done[bad["id"]]["reason"]["code"] == "bad_params" and done[bad["id"]]["attempt"] == 1
     assert done[missing["id"]]["reason"]["code"] == "unknown_recipe"
-    assert "defines: digits-mlp" in done[missing["id"]]["reason"]["message"]
+    reason = done[missing["id"]]["reason"]["message"]  # a sentence, no exception type
+    assert reason.startswith("the job's package defines no recipe"), reason
+    assert "defines: digits-mlp" in reason
 
 
 def script_pids(stack: Stack, job_id: int, attempt: int) -> list[int]:

@@ -9,6 +9,7 @@ import pytest
 
 from service.models import JobStatus
 from service.reasons import ReasonCode
+from workers.errors import NotRetryable, describe
 from workers.outcome import RunnerReport, StopReason, decide, how_it_ended
 
 LIMITS = {"timeout_s": 60, "stall_timeout_s": 600.0, "worker_id": "box-1"}
@@ -78,3 +79,16 @@ def test_how_a_process_ended_reads_for_people_whatever_the_signal() -> None:
     assert how_it_ended(3) == "exited with 3"
     assert how_it_ended(-signal.SIGTERM) == "killed by SIGTERM"
     assert how_it_ended(-40) == "killed by signal 40"  # real-time: no name, no crash
+
+
+def test_trainyards_own_failures_read_as_sentences_and_others_name_their_exception() -> None:
+    """A NotRetryable's message was written for the user: the reason is that sentence.
+    Any other exception's reason says which exception it was."""
+    ours = NotRetryable(ReasonCode.requirements_failed, "pip install took longer than 20s")
+    for exc, message in (
+        (ours, "pip install took longer than 20s"),
+        (ValueError("bad"), "builtins.ValueError: bad"),
+    ):
+        report = RunnerReport(ok=False, error=describe(exc))
+        outcome = decide(None, report, 1, **LIMITS)  # type: ignore[arg-type]
+        assert outcome.reason_message == message
