@@ -36,10 +36,10 @@ def group_members(pgid: int) -> list[int]:
 def kill_tree(pid: int) -> list[int]:
     """SIGKILL a process and every process below it; returns their pids.
 
-    Each is stopped first (SIGSTOP), and /proc is read again until no new one shows:
-    a stopped process forks no more, and none is orphaned (re-parented out of reach) by
-    its parent's death before it is found. Processes that leave their group or session
-    are found too: this follows parents, not groups."""
+    Each is stopped first (SIGSTOP), and /proc is read again until no new one shows: a
+    stopped process forks no more, and its children stay its own until the SIGKILL. This
+    follows parents, not groups, so a process that left its group or session is found;
+    one already re-parented away (a double fork, done before the stop) is not."""
     stopped: list[int] = []
     while found := [p for p in [pid, *_below(pid)] if p not in stopped]:
         for p in found:

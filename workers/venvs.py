@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,31 +66,99 @@ def python_for(lines: list[str], cache_dir: Path, package: Path, *, timeout_s: f
 
 
 def venv_key(lines: list[str], package: Path) -> str:
-    """A requirement set's virtualenv name: this interpreter, the lines, and the bytes of
-    what they name inside the package (``./wheels/x.whl``, ``-e .``, ``-r more.txt``,
-    ``--find-links ./wheels``). A new package whose wheel changed under the same file name
-    gets a virtualenv of its own, not the one built from the old wheel."""
+    """A requirement set's virtualenv name: this interpreter, the lines, and what they
+    name inside the package (``./wheels/x.whl``, ``--find-links ./wheels``, ``-r more.txt``
+    and what that names): its bytes, so a wheel rebuilt under the same file name in a new
+    package gets a virtualenv of its own, not the one the old wheel made. An editable
+    folder (``-e .``) is keyed by where it is, not its bytes: the virtualenv points there,
+    and the package folder's name is its digest."""
     key = hashlib.sha256("\n".join([sys.executable, *sorted(lines)]).encode())
     root = package.resolve()
-    for path in _named_paths(lines, root):
+    for path, editable in _named_paths(lines, root).items():
         key.update(f"\0{path.relative_to(root)}\0".encode())
-        key.update(_tree_digest(path))
+        key.update(str(path).encode() if editable else _tree_digest(path))
     return key.hexdigest()[:32]
 
 
-def _named_paths(lines: list[str], root: Path) -> list[Path]:
-    """The package's own files and folders that requirement lines name, each once. A word
-    that names nothing inside the package (a project name, a version, a marker) is not
-    one; the package is unpacked read-only once per digest, so these bytes stay put."""
-    found: dict[Path, None] = {}
-    for line in sorted(lines):
-        for word in line.split():
-            if word.startswith("-") and "=" in word:
-                word = word.split("=", 1)[1]  # --find-links=./wheels
-            path = (root / word.removeprefix("file:")).resolve()
-            if path.is_relative_to(root) and path.exists():
-                found[path] = None
-    return list(found)
+_EDITABLE = ("-e", "--editable")
+# pip reads these files relative to the file that names them (the lines are copied out
+# of the package to be read: see _for_pip), and follows their lines in turn.
+_FILE_OPTIONS = ("-r", "--requirement", "-c", "--constraint")
+_ARCHIVES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar")
+
+
+def _named_paths(lines: list[str], root: Path) -> dict[Path, bool]:
+    """The package's own files and folders that requirement lines name, those of the
+    requirement files they name too, each once, with whether it is installed editable. A
+    word names a path as pip decides it: an option's file, or a word with a "/", a leading
+    "." or an archive's name; a project name is not one, even beside a folder so named."""
+    found: dict[Path, bool] = {}
+    todo = [(line, root) for line in sorted(lines)]
+    while todo:
+        line, base = todo.pop()
+        for option, value in _words(line):
+            if option in _FILE_OPTIONS:
+                path = _inside(base / value, root)
+            elif "/" in value or value.startswith(".") or value.endswith(_ARCHIVES):
+                path = _inside(root / value, root)  # pip's working folder is the package
+            else:
+                continue
+            if path is None or path in found:
+                continue
+            found[path] = option in _EDITABLE
+            if option in _FILE_OPTIONS and path.is_file():
+                nested = path.read_text(errors="replace").splitlines()
+                todo += [(x, path.parent) for x in requirement_lines(nested, root)]
+    return found
+
+
+def _words(line: str) -> list[tuple[str, str]]:
+    """(option, value) for each value in a requirement line, its extras, markers and
+    fragment cut off: ``-e ./x``, ``-e./x`` and ``--editable=./x[dev]`` all give
+    ("-e" or "--editable", "./x"); a bare word gives ("", word)."""
+    found = []
+    option = ""
+    for word in line.split():
+        if option:
+            found.append((option, word))
+            option = ""
+        elif word.startswith("--"):
+            name, eq, value = word.partition("=")
+            if eq:
+                found.append((name, value))
+            else:
+                option = name  # the value is the next word (a flag's next word is its own)
+        elif word.startswith("-"):
+            if len(word) > 2:
+                found.append((word[:2], word[2:]))
+            else:
+                option = word
+        else:
+            found.append(("", word))
+    return [
+        (option, re.split(r"[\[;#]", value.removeprefix("file:"))[0]) for option, value in found
+    ]
+
+
+def _inside(path: Path, root: Path) -> Path | None:
+    """``path`` resolved, if it exists inside the package."""
+    try:
+        resolved = path.resolve()
+        return resolved if resolved.is_relative_to(root) and resolved.exists() else None
+    except OSError:  # a word too long to be a file's name, say
+        return None
+
+
+def _for_pip(line: str, root: Path) -> str:
+    """A line as pip reads it from the virtualenv's copy of the lines: a relative ``-r`` or
+    ``-c`` file is the package's (pip would look for it beside the copy)."""
+    match = _FILE_LINE.match(line)
+    if match is None or Path(match[3]).is_absolute():
+        return line
+    return f"{match[1]} {root / match[3]}{line[match.end() :]}"
+
+
+_FILE_LINE = re.compile(r"^(-r|-c|--requirement|--constraint)(=|\s+)?(\S+)")
 
 
 def _tree_digest(path: Path) -> bytes:
@@ -112,7 +181,8 @@ def _build(target: Path, lines: list[str], package: Path, timeout_s: float) -> N
         paths = sysconfig.get_paths()
         layers = dict.fromkeys([paths["purelib"], paths["platlib"]])  # once each, in order
         (_site_packages(target) / LAYER_PTH).write_text("".join(f"{p}\n" for p in layers))
-        (target / "requirements.txt").write_text("\n".join(lines) + "\n")
+        read = [_for_pip(line, package.resolve()) for line in lines]
+        (target / "requirements.txt").write_text("\n".join(read) + "\n")
         _pip_install(target, lines, package, timeout_s)
         (target / READY).write_text("")
     except BaseException:
@@ -173,11 +243,15 @@ def _copy_lines(pip: subprocess.Popen[str], tail: deque[str], timeout_s: float) 
     or ``timeout_s`` passes (TimeoutExpired)."""
     assert pip.stdout is not None
     stdout = pip.stdout
+    # The reader closes the pipe at its end, not Popen: closing it under a blocked read
+    # would wait as long as any process pip started holds it open, timeout or not.
+    pip.stdout = None
 
     def copy() -> None:
-        for line in stdout:
-            tail.append(line.rstrip())
-            sys.stdout.write(f"[pip] {line}")
+        with stdout:
+            for line in stdout:
+                tail.append(line.rstrip())
+                sys.stdout.write(f"[pip] {line}")
         sys.stdout.flush()
 
     reader = threading.Thread(target=copy, daemon=True)

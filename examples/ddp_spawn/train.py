@@ -83,8 +83,8 @@ def main(rank: int, world_size: int, epochs: int, batch_size: int, path: str) ->
     dist.barrier()  # every rank done before the group goes (gloo's teardown, issue seen)
     dist.destroy_process_group()
     # Leave without the interpreter's teardown, where a gloo rank on CPU still aborts
-    # now and then ("terminate called without an active exception"): its model is saved
-    # and its output flushed here, and mp.spawn reads exit status 0 as success.
+    # now and then ("terminate called without an active exception"): rank 0's model is
+    # saved, output is flushed here, and mp.spawn reads exit status 0 as success.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

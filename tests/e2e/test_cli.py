@@ -44,8 +44,7 @@ def test_submit_follow_exit_code_says_how_the_job_ended(stack: Stack, tmp_path: 
     # the bar's last state: the job, its steps, its epoch and loss, then how it ended
     bar = " ".join(ok.stderr.split())
     steps = stack.job(job_id)["progress"]["total_steps"]
-    assert f"job {job_id} succeeded" in bar and f"{steps}/{steps} epoch 2/2 loss " in bar, bar
-    assert f"job {job_id} succeeded: " in bar
+    assert f"{steps}/{steps} epoch 2/2 loss " in bar and f"job {job_id} succeeded: " in bar, bar
 
     spec = tmp_path / "job.yaml"
     spec.write_text("recipe: tiny\nmax_attempts: 1\nparams:\n  fail: true\n")

@@ -80,23 +80,46 @@ def test_a_requirement_installs_once_into_a_layered_virtualenv(tmp_path: Path) -
 
 def test_the_key_holds_the_bytes_of_the_package_files_the_lines_name(tmp_path: Path) -> None:
     """Same lines, same wheel bytes: one virtualenv, wherever the package is unpacked.
-    Other bytes under the same name (or in a folder, or the package itself): another."""
+    Other bytes under the same name, however the line names them: another."""
+    wheel = "hello_ty-0.1-py3-none-any.whl"
 
     def package(name: str, greeting: str) -> Path:
         (tmp_path / name / "wheels").mkdir(parents=True)
         make_wheel(tmp_path / name / "wheels", greeting=greeting)
+        (tmp_path / name / "more.txt").write_text(f"--no-index\n./wheels/{wheel}  # nested\n")
         return tmp_path / name
 
     first, same, changed = package("a", "hi"), package("b", "hi"), package("c", "hello")
     for lines in (
-        ["./wheels/hello_ty-0.1-py3-none-any.whl"],
+        [f"./wheels/{wheel}"],
+        [f"./wheels/{wheel}#egg=hello_ty"],
+        [f"./wheels/{wheel}; python_version > '3'"],
         ["--no-index", "--find-links=./wheels", "hello_ty"],
-        ["-e", "."],
+        ["--no-index", "-f./wheels", "hello_ty"],
+        ["-r more.txt"],  # and what that file names
     ):
         assert venv_key(lines, first) == venv_key(lines, same), lines
         assert venv_key(lines, first) != venv_key(lines, changed), lines
-    outside = ["../c/wheels/hello_ty-0.1-py3-none-any.whl", "numpy==2.4.6"]
-    assert venv_key(outside, first) == venv_key(outside, same)  # only the package's own
+
+
+def test_the_key_holds_where_an_editable_folder_is_and_no_folder_a_project_name_matches(
+    tmp_path: Path,
+) -> None:
+    """``-e .[dev]`` installs a link to the package's folder: another package (another
+    folder, named by its digest) gets another virtualenv even with the same bytes. A
+    project name is not a path, though a folder in the package has that name; a path
+    outside the package, or a word too long to be a name, counts for nothing."""
+    for name in ("a", "b"):
+        (tmp_path / name / "mypkg").mkdir(parents=True)
+        (tmp_path / name / "mypkg" / "__init__.py").write_text("x = 1\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert venv_key(["-e .[dev]"], a) != venv_key(["-e .[dev]"], b)
+    assert venv_key(["-e .[dev]"], a) == venv_key(["-e .[dev]"], a)
+    lines = ["mypkg==1.0", "../b/mypkg", "x" * 300]
+    before = venv_key(lines, a)
+    (tmp_path / "a" / "mypkg" / "__init__.py").write_text("x = 2\n")
+    (tmp_path / "b" / "mypkg" / "__init__.py").write_text("x = 2\n")
+    assert venv_key(lines, a) == before
 
 
 @pytest.mark.slow
@@ -117,6 +140,19 @@ def test_jobs_asking_for_one_set_at_once_share_one_build(
     assert capsys.readouterr().out.count(f"Processing ./wheels/{wheel.name}") == 1
     probe = [found[0], "-c", "import hello_ty; print(hello_ty.GREETING)"]
     assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.slow
+def test_a_requirements_file_in_the_package_names_another(tmp_path: Path) -> None:
+    """``-r more.txt`` is read from the package, as pip reads it beside the file naming it."""
+    package = tmp_path / "package"
+    (package / "wheels").mkdir(parents=True)
+    wheel = make_wheel(package / "wheels", greeting="from a nested file")
+    (package / "more.txt").write_text(f"--no-index\n./wheels/{wheel.name}\n")
+    python = python_for(["-r more.txt"], tmp_path / "cache", package, timeout_s=120)
+    probe = [python, "-c", "import hello_ty; print(hello_ty.GREETING)"]
+    out = subprocess.run(probe, capture_output=True, text=True, check=True).stdout
+    assert out == "from a nested file\n"
 
 
 @pytest.mark.slow
@@ -149,9 +185,9 @@ def test_an_install_past_its_timeout_ends_with_every_process_it_started(tmp_path
         f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
     )
     with pytest.raises(NotRetryable) as failed:
-        python_for(["--no-index", "./hangs"], tmp_path / "cache", package, timeout_s=15)
+        python_for(["--no-index", "./hangs"], tmp_path / "cache", package, timeout_s=30)
     assert failed.value.code == ReasonCode.requirements_failed
-    assert "took longer than 15s (TRAINYARD_REQUIREMENTS_TIMEOUT_S)" in str(failed.value)
+    assert "took longer than 30s (TRAINYARD_REQUIREMENTS_TIMEOUT_S)" in str(failed.value)
     backend = int(pid_file.read_text())
     wait_for(lambda: stat_fields(backend)[:1] in ([], ["Z"]), 10, "the backend to be killed")
     assert not list((tmp_path / "cache" / "venvs").glob("*/.ready"))
