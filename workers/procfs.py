@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -22,15 +23,18 @@ def stat_fields(pid: int) -> list[str]:
     return stat[stat.rindex(")") + 2 :].split()
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
-    members = []
+def _live() -> Iterator[tuple[int, list[str]]]:
+    """Each live (non-zombie) process's pid and ``stat_fields``, read from /proc."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             fields = stat_fields(int(entry.name))
-            if fields and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                members.append(int(entry.name))
-    return members
+            if fields and fields[0] not in ("Z", "X"):
+                yield int(entry.name), fields
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
+    return [pid for pid, fields in _live() if int(fields[2]) == pgid]
 
 
 def kill_tree(pid: int) -> list[int]:
@@ -55,11 +59,8 @@ def kill_tree(pid: int) -> list[int]:
 def _below(pid: int) -> list[int]:
     """Live processes descended from ``pid`` (children, theirs, ...), read from /proc."""
     children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = stat_fields(int(entry.name))
-            if fields and fields[0] not in ("Z", "X"):
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for child, fields in _live():
+        children.setdefault(int(fields[1]), []).append(child)
     found: list[int] = []
     todo = [pid]
     while todo:

@@ -158,7 +158,7 @@ def _for_pip(line: str, root: Path) -> str:
     return f"{match[1]} {root / match[3]}{line[match.end() :]}"
 
 
-_FILE_LINE = re.compile(r"^(-r|-c|--requirement|--constraint)(=|\s+)?(\S+)")
+_FILE_LINE = re.compile(rf"^({'|'.join(_FILE_OPTIONS)})(=|\s+)?(\S+)")
 
 
 def _tree_digest(path: Path) -> bytes:
@@ -181,7 +181,8 @@ def _build(target: Path, lines: list[str], package: Path, timeout_s: float) -> N
         paths = sysconfig.get_paths()
         layers = dict.fromkeys([paths["purelib"], paths["platlib"]])  # once each, in order
         (_site_packages(target) / LAYER_PTH).write_text("".join(f"{p}\n" for p in layers))
-        read = [_for_pip(line, package.resolve()) for line in lines]
+        root = package.resolve()
+        read = [_for_pip(line, root) for line in lines]
         (target / "requirements.txt").write_text("\n".join(read) + "\n")
         _pip_install(target, lines, package, timeout_s)
         (target / READY).write_text("")
