@@ -1,4 +1,8 @@
-"""Workers and the recipes they offer: registration, listing, and checking a spec against them."""
+"""Workers and the recipes they offer: registration, listing, and checking a spec against them.
+
+One module past ~300 lines: a submit is refused (422) or told why it waits by what the
+registered workers offer, so the checks (``check_spec``), the waiting reasons
+(``waiting_reason``) and the cached catalog they read read best beside each other."""
 
 from __future__ import annotations
 

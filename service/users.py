@@ -6,6 +6,10 @@ table cannot give a token back. A fast hash is enough for a secret that cannot b
 guessed (a slow password hash would cost every request milliseconds and protect nothing
 more); GitHub stores its tokens the same way. ``TRAINYARD_API_TOKEN`` stays the
 bootstrap admin's token: an admin adds users and gives them tokens.
+
+One module past ~300 lines: the user and token schemas, the rules of who may act on
+what, and the token lookup (with its cache) are one answer to "who is asking, and may
+they?"; the routes are in ``api/users.py``, the quotas' SQL in ``store/usage.py``.
 """
 
 from __future__ import annotations

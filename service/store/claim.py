@@ -4,6 +4,8 @@ The claim is one prebuilt statement (``_take_one``) and its SQL is all here: wha
 queued job must meet to be taken (``_claimable``), a user's best job (``_best_of``), the
 walk over the users in fair share's order (``_first_user``), the idle poll's look before
 it takes (``_any_fits``) and the count of what a worker could ever run (``_pending``).
+They are kept in one module past ~300 lines because each is a piece of that one
+statement: split, the claim's SQL would be read across files.
 """
 
 from __future__ import annotations
