@@ -1,7 +1,7 @@
 """/api/v1/jobs: submit, list, inspect, cancel; metrics, logs and artifacts of a job.
 
-One router, past ~300 lines: every route of one resource, /jobs/{id} and below, with the
-checks a submit and a rerun share; what they call is elsewhere (store, catalog, users)."""
+One router: every route of one resource, /jobs/{id} and below; what they call is elsewhere
+(admission, store, catalog, users)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from sqlmodel import col, select
 
 from service import audit, store, users
+from service.admission import admit
 from service.api.deps import (
     BlobStoreDep,
     CatalogDep,
@@ -27,18 +28,25 @@ from service.api.deps import (
     SettingsDep,
     pooled,
 )
-from service.api.responses import GUARDED, JOB_NOT_FOUND, JSON_BODY, SPEC_REFUSED, WRITE, error
+from service.api.responses import (
+    GUARDED,
+    JOB_NOT_FOUND,
+    JSON_BODY,
+    QUEUE_FULL,
+    SPEC_REFUSED,
+    WRITE,
+    error,
+)
 from service.artifacts import artifact_path, list_artifacts
 from service.audit import Action
 from service.catalog import waiting_reason
-from service.db import is_sqlite, read_session
-from service.errors import SpecInvalid
-from service.inputs import check_inputs
+from service.db import read_session
 from service.models import (
     JOB_EXAMPLE,
     MAX_INT32,
     MAX_INT64,
     SCRIPT_EXAMPLE,
+    Job,
     JobCreate,
     JobList,
     JobNodeRead,
@@ -50,7 +58,8 @@ from service.models import (
     MetricRead,
     NulFreeStr,
 )
-from service.packages import PackageLimits
+from service.reasons import ReasonCode
+from service.users import Identity
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=GUARDED)
 
@@ -65,10 +74,8 @@ JobId = Annotated[int, Path(ge=1, le=MAX_INT32, description="The job's id.")]
     responses=WRITE
     | JSON_BODY
     | SPEC_REFUSED
-    | {
-        409: error("Idempotency-Key reused with another spec"),
-        429: error("You have as many jobs queued as your limit allows (Retry-After)"),
-    },
+    | QUEUE_FULL
+    | {409: error("Idempotency-Key reused with another spec")},
 )
 async def submit_job(
     spec: Annotated[
@@ -95,21 +102,9 @@ async def submit_job(
     ] = None,
 ) -> JobRead:
     """Validate a job spec against the recipe catalog and enqueue it."""
-    # On the event loop: a submit holds a thread only where it must query (the cached
-    # catalog expired, would refuse the spec or knows no worker; an Idempotency-Key is
-    # looked up first).
-    users.check_spec_rights(who, spec)
-    _check_database(engine, spec)
-    reason = catalogs.check_cached(spec) or await run_in_threadpool(catalogs.check, engine, spec)
-    own_limits = users.OWN_LIMITS.cached()
-    if own_limits is None:
-        own_limits = await run_in_threadpool(users.OWN_LIMITS.get, engine)
-    queue_limit = users.queue_limit(own_limits, who.name, settings)
-    if queue_limit is not None:
-        await run_in_threadpool(_check_queue_quota, engine, who.name, queue_limit)
-    if spec.code is not None:  # its own code and data: stored, and the package safe
-        limits = PackageLimits.from_settings(settings)
-        await run_in_threadpool(check_inputs, engine, blobs, limits, spec)
+    reason = await admit(
+        spec, who, engine=engine, catalogs=catalogs, settings=settings, blobs=blobs
+    )
     if idempotency_key is None and spec.code is None:
         job, created = await store.enqueue_job(engine, spec, reason, owner=who.name), True
     else:
@@ -127,22 +122,6 @@ async def submit_job(
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     return JobRead.from_row(job)
-
-
-def _check_database(engine: Engine, spec: JobCreate) -> None:
-    """A job across boxes needs workers on several boxes, which share PostgreSQL."""
-    if spec.nodes > 1 and is_sqlite(engine):
-        raise SpecInvalid.at(
-            ("nodes",),
-            "nodes > 1 spans several boxes, whose workers share one PostgreSQL database; "
-            "this server's database is SQLite, which serves the workers of one box",
-        )
-
-
-def _check_queue_quota(engine: Engine, owner: str, limit: tuple[int, str]) -> None:
-    with read_session(engine) as session:
-        queued = store.queued_count(session, owner)
-    users.check_queue_quota(owner, queued, limit)
 
 
 @router.get("", summary="List jobs, newest first")
@@ -197,10 +176,9 @@ def get_job(
     "/{job_id}/rerun",
     status_code=status.HTTP_201_CREATED,
     summary="Submit an identical job",
-    responses=WRITE | JOB_NOT_FOUND | SPEC_REFUSED,
+    responses=WRITE | JOB_NOT_FOUND | SPEC_REFUSED | QUEUE_FULL,
 )
-@pooled
-def rerun_job(
+async def rerun_job(
     job_id: JobId,
     response: Response,
     engine: EngineDep,
@@ -210,23 +188,31 @@ def rerun_job(
     who: IdentityDep,
 ) -> JobRead:
     """A new job with this one's spec: recipe or code, params, data, seed and every other
-    field, owned by whoever reran it (its owner, or an admin). A script job's blobs must
-    still be stored."""
+    field, owned by whoever reran it (its owner, or an admin), admitted as a submit is. A
+    script job's blobs must still be stored."""
+    spec = await run_in_threadpool(_spec_to_rerun, engine, job_id, who)
+    reason = await admit(
+        spec, who, engine=engine, catalogs=catalogs, settings=settings, blobs=blobs
+    )
+    job = await run_in_threadpool(_enqueue_rerun, engine, job_id, spec, who, reason)
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
+    return JobRead.from_row(job)
+
+
+def _spec_to_rerun(engine: Engine, job_id: int, who: Identity) -> JobCreate:
+    """The job's spec, if ``who`` may act on it (its owner, or an admin)."""
     with read_session(engine) as session:  # closed before waiting for the write lock
         original = store.get_job(session, job_id)
         users.check_may_act(who, original.owner, f"job {job_id}")
-        spec = store.spec_of(original)
-    users.check_spec_rights(who, spec)
-    _check_database(engine, spec)
-    reason = catalogs.check(engine, spec)
-    check_inputs(engine, blobs, PackageLimits.from_settings(settings), spec)
-    queue_limit = users.queue_limit(users.OWN_LIMITS.get(engine), who.name, settings)
-    if queue_limit is not None:
-        _check_queue_quota(engine, who.name, queue_limit)
+        return store.spec_of(original)
+
+
+def _enqueue_rerun(
+    engine: Engine, job_id: int, spec: JobCreate, who: Identity, reason: tuple[ReasonCode, str]
+) -> Job:
     job, _ = store.create_job(engine, spec, owner=who.name, reason=reason)
     audit.record_now(engine, who.name, Action.reran, f"job {job_id}", new_job=job.id)
-    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
-    return JobRead.from_row(job)
+    return job
 
 
 @router.post(

@@ -63,3 +63,8 @@ SPEC_REFUSED: Responses = {
         "blobs or the code package refuse"
     ),
 }
+
+# A new job, submitted or rerun: admission refuses it past its owner's limit on queued jobs.
+QUEUE_FULL: Responses = {
+    429: error("You have as many jobs queued as your limit allows (Retry-After)"),
+}

@@ -175,3 +175,39 @@ def test_a_blob_removed_after_the_check_refuses_the_job(api: TestClient, engine:
         store.create_job(engine, JobCreate(**script(code)))
     with read_session(engine) as session:
         assert store.list_jobs(session, status=None, limit=10, offset=0)[1] == 0
+
+
+def test_a_rerun_is_refused_as_a_submit_of_its_spec_is(
+    settings: Settings, engine: Engine, add_worker: Callable[..., Any]
+) -> None:
+    """A rerun runs a submit's checks in a submit's order: a user at their limit on queued
+    jobs hears so (429) before hearing that the package is gone (422), whichever way the
+    job comes. A rerun used to check the inputs before the limit: a 422 where a submit of
+    the same spec was a 429."""
+    capped = settings.model_copy(update={"max_queued_jobs_per_user": 1})
+    add_worker()
+    with TestClient(create_app(capped, engine)) as api:
+        code = put(api, PACKAGE)
+        old = api.post("/api/v1/jobs", json=script(code)).json()
+        assert api.post(f"/api/v1/jobs/{old['id']}/cancel").status_code == 202
+        assert api.delete(f"/api/v1/blobs/{code}").status_code == 204  # no queued job uses it
+
+        def submit_and_rerun() -> list[Any]:
+            """Its spec, submitted anew and rerun."""
+            return [
+                api.post("/api/v1/jobs", json=script(code)),
+                api.post(f"/api/v1/jobs/{old['id']}/rerun"),
+            ]
+
+        submit, rerun = submit_and_rerun()  # under the limit: the gone package
+        assert submit.status_code == rerun.status_code == 422, rerun.text
+        assert rerun.json()["detail"] == submit.json()["detail"]
+        assert "is not stored" in rerun.json()["detail"][0]["msg"]
+
+        r = api.post("/api/v1/jobs", json={"recipe": "tiny", "accelerator": "cpu"})
+        assert r.status_code == 201, r.text
+        submit, rerun = submit_and_rerun()  # at the limit: the limit, before the package
+        assert submit.status_code == rerun.status_code == 429, rerun.text
+        assert rerun.json()["detail"] == submit.json()["detail"]
+        assert "TRAINYARD_MAX_QUEUED_JOBS_PER_USER" in rerun.json()["detail"]
+        assert jobs(api) == 2  # the cancelled one and the recipe job: nothing enqueued
