@@ -47,7 +47,7 @@ from benchmarks.common import print_table, save
 from tests.stack import REPO
 
 # The named checks and the tests each one is (node id prefixes); every other gpu-marked
-# test is reported in one more row. The issue's list: issue 17, items 3 and 4.
+# test is reported in one more row.
 CHECKS: dict[str, tuple[str, ...]] = {
     "single, dp, ddp jobs on CUDA (NCCL)": (
         "tests/gpu/test_cuda_jobs.py::test_single_dp_and_ddp_jobs_train_to_the_same_weights[cuda]",

@@ -1,4 +1,4 @@
-"""What the request guard adds to each request (issue 16 items 2 and 4).
+"""What the request guard adds to each request (the token check, the browser checks).
 
     python -m benchmarks.guard [--requests 20000]
 

@@ -1,5 +1,6 @@
 """Output without a newline (a progress bar's ``\\r`` redraws) through the ranks' line
-prefixer, before and after issue 16: the time to relay it and the most of it held at once.
+prefixer, before and after it bounded the line it holds: the time to relay it and the most
+of it held at once.
 
 python -m benchmarks.line_prefixer [MB ...]   (default 1 2 4 10)
 """
@@ -18,7 +19,7 @@ WRITE_CHARS = 1024  # a bar's redraw is about this long; print() writes its text
 
 
 class UnboundedPrefixer(io.TextIOBase):
-    """The prefixer before issue 16 (commit 35293de), kept to compare against: it joins
+    """The prefixer before it bounded its line (commit 35293de), kept to compare against: it joins
     every write onto the partial line and splits the whole of it again."""
 
     def __init__(self, target: TextIO, prefix: str) -> None:

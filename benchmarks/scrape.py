@@ -1,4 +1,4 @@
-"""What a /metrics scrape costs as the job history grows (issue 16 item 3).
+"""What a /metrics scrape costs as the job history grows.
 
     python -m benchmarks.scrape [--jobs 10000 100000] [--databases sqlite postgresql]
 

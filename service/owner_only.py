@@ -1,7 +1,7 @@
 """Owner-only files: the database, logs, checkpoints and artifacts are for the user the
-service runs as, not for every local user (issue 16, item 8). And owner-only processes:
-the API's and the worker's environment (the database URL, the API token) are not for the
-jobs, whose code runs as that same user (item 6).
+service runs as, not for every local user. And owner-only processes: the API's and the
+worker's environment (the database URL, the API token) are not for the jobs, whose code
+runs as that same user.
 
 Set once, at the start of each command that writes them (``migrate``, ``serve``,
 ``worker``): the umask is inherited by every process started after it (the zygote,

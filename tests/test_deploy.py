@@ -33,7 +33,7 @@ def test_worker_reserves_gpus_and_shares_the_data_volume_with_the_api() -> None:
         "${TRAINYARD_API_TOKEN:?"
     )
     # The worker reads blobs from the shared volume: it needs no token, so none is there
-    # for a job to find (issue 16, item 6).
+    # for a job's code, which runs under the worker, to find.
     assert "TRAINYARD_API_TOKEN" not in services["worker"]["environment"]
     assert services["worker"]["depends_on"]["api"]["condition"] == "service_healthy"
     assert services["worker"]["healthcheck"]["test"][-1] == "workers.healthcheck"

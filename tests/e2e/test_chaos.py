@@ -53,7 +53,7 @@ def stop_outside_a_transaction(stack: Stack, proc: subprocess.Popen[bytes]) -> N
     """SIGSTOP ``proc`` at a moment it does not hold SQLite's write lock.
 
     On SQLite a process stopped inside a write transaction keeps the one database lock:
-    every other writer waits for it (PostgreSQL has no such lock; issue 5). That is a
+    every other writer waits for it (PostgreSQL has no such lock: its locks are per row). That is a
     limit of the database, not the scenario under test, so the test avoids it.
     """
     if not stack.database_url.startswith("sqlite"):

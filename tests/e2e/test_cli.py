@@ -202,7 +202,7 @@ def test_up_stops_its_worker_when_it_is_stopped(tmp_path: Path) -> None:
 def test_serve_and_worker_refuse_an_unmigrated_database_saying_what_to_run(
     tmp_path: Path,
 ) -> None:
-    """Issue 16 item 13: they used to start, and every request answered 503 "try again in
+    """They used to start, and every request answered 503 "try again in
     a few seconds" for ever. They refuse, naming the command; after it, serve starts."""
     env = stack_env(tmp_path, f"sqlite:///{tmp_path / 'trainyard.db'}", free_port())
     for command in ("serve", "worker"):
@@ -230,7 +230,7 @@ def test_serve_and_worker_refuse_an_unmigrated_database_saying_what_to_run(
 def test_worker_starts_past_a_broken_recipe_file_and_publishes_why(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """Issue 16 item 14: a file that fails to import, or an editor's dot-file, in the
+    """A file that fails to import, or an editor's dot-file, in the
     recipes folder used to stop `trainyard worker` from starting at all."""
     recipes = tmp_path / "recipes"
     recipes.mkdir()

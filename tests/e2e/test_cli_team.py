@@ -1,5 +1,5 @@
 """``trainyard users``, ``tokens`` and ``audit`` against a real server: a team's box from
-the command line (issue 18 item 1)."""
+the command line."""
 
 from __future__ import annotations
 

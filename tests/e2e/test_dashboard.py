@@ -402,9 +402,9 @@ def csp_violations(driver: WebDriver) -> list[str]:
 
 
 def test_pages_run_under_their_content_security_policy(stack: Stack, browser: WebDriver) -> None:
-    """Issue 16 item 14: every answer carries a CSP; Swagger UI's inline start-up script is
-    allowed by its hash, the dashboard needs nothing inline. Both still work, and the
-    browser refused nothing on the way."""
+    """Every answer carries a CSP, so a script injected into a page does not run; Swagger
+    UI's inline start-up script is allowed by its hash, the dashboard needs nothing
+    inline. Both still work, and the browser refused nothing on the way."""
     wait = WebDriverWait(browser, WAIT_S)
     browser.get(stack.url + "/docs")
     wait.until(

@@ -1,4 +1,4 @@
-"""The dashboard on a box a team shares (issue 18), in a real browser: who is signed in,
+"""The dashboard on a box a team shares, in a real browser: who is signed in,
 each job's owner and "my jobs", another user's job refused with the server's words, and
 the Team view (fair-share usage for all, the audit trail for admins only)."""
 

@@ -1,4 +1,4 @@
-"""Preemption end to end (issue 18 item 5): a job that outranks a running DDP job and has
+"""Preemption end to end: a job that outranks a running DDP job and has
 waited past PREEMPT_AFTER_S stops it; the victim checkpoints where it is, goes back to
 the queue without spending an attempt, says who preempted it, and later resumes to the
 weights of an uninterrupted run. A real server and worker, on both databases."""

@@ -1,4 +1,4 @@
-"""Small jobs sharing one real GPU (issue 17 item 4): two script jobs and a recipe job,
+"""Small jobs sharing one real GPU: two script jobs and a recipe job,
 each asking for 2 GiB, run on the same GPU at once; the one that allocates past its
 share fails with an out-of-memory reason and its neighbours go on; the worker reports
 each job's memory on the GPU. Confined to the box's first GPU, so that all three share

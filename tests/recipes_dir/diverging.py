@@ -1,5 +1,6 @@
 """A recipe whose loss is not finite, and whose metrics name themselves too long: the
-numbers and names a careless recipe reports (issue 16 item 10)."""
+numbers and names a careless recipe reports, which must reach the database as nulls
+and dropped names, never raw."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Hostile input, issue 16 items 10 and 11: bad data must not reach the database raw.
+"""Hostile input: bad data must not reach the database raw.
 
-Item 11: an integer past 64 bits in a path, query or header, or a NUL character in any
+An integer past 64 bits in a path, query or header, or a NUL character in any
 string (a job's name, its params, an artifact's name, a metric's name), is refused with
 422 naming the field (404 for a well-formed id that does not exist), never a 500 from the
-database or the file system underneath. Item 10 (non-finite numbers and long names from a
-training process) is tested end to end below.
+database or the file system underneath. Non-finite numbers and long names from a
+training process are tested end to end below.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def test_neighbours_of_a_refused_submit_are_created(
     assert store.cancel_job(engine, 1).status == "cancelled"
 
 
-# Item 10: numbers that are not finite, and names that do not fit, from training processes.
+# Numbers that are not finite, and names that do not fit, from training processes.
 
 
 def _strict(text: str) -> Any:

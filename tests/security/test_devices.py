@@ -1,4 +1,4 @@
-"""Careless neighbours, issue 16 item 7: a worker confined to some GPUs must train on
+"""Careless neighbours: a worker confined to some GPUs must train on
 those GPUs, and wait for those GPUs, not on the box's first ones.
 
 A worker started with ``CUDA_VISIBLE_DEVICES=2,3`` sees them as torch devices 0 and 1.

@@ -1,4 +1,4 @@
-"""Hostile input at the HTTP edge, issue 16 items 2, 3 (its protection), 4 and 14.
+"""Hostile input at the HTTP edge.
 
 Who is not trusted here: the network (a client without the token must not make the
 server read a body, of any size), and web pages open in the user's browser (they can
@@ -271,7 +271,7 @@ def test_swagger_ui_runs_its_inline_script_and_nothing_else(client: TestClient) 
 
 
 def test_metrics_need_the_token_unless_opened(tmp_path: Path) -> None:
-    """Item 3: /metrics names workers and counts jobs; it is the token's by default."""
+    """/metrics names workers and counts jobs; it is the token's by default."""
     with TestClient(create_app(make_settings(tmp_path))) as client:
         assert client.get("/metrics").status_code == 401
         assert client.get("/metrics", headers=AUTH).status_code == 200

@@ -1,4 +1,4 @@
-"""Careless neighbours, issue 16 item 9: a job that asks for more memory than its share
+"""Careless neighbours: a job that asks for more memory than its share
 of the box must fail alone, and fail for good.
 
 A built-in recipe's ``features`` x ``train_samples`` can ask for terabytes. On a CPU box

@@ -1,4 +1,4 @@
-"""Hostile input, issue 16 item 1: /metrics must not grow with what strangers send.
+"""Hostile input: /metrics must not grow with what strangers send.
 
 Its route label comes from the matched route's template only; every path no route
 matches shares one label; so thousands of distinct requests (with a token or without)

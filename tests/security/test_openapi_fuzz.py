@@ -1,4 +1,4 @@
-"""Hostile input, issue 16 item 12: a schema fuzzer finds nothing.
+"""Hostile input: a schema fuzzer finds nothing.
 
 schemathesis reads /openapi.json and sends what it allows and much that it does not
 (integers past 64 bits, odd strings, wrong types, bodies that are not JSON), one call at

@@ -1,4 +1,4 @@
-"""Careless neighbours, issue 16 items 13-14: what reaches the operator's terminal, logs
+"""Careless neighbours: what reaches the operator's terminal, logs
 and an unauthenticated health check.
 
 Threats: a database password printed by ``trainyard migrate`` lands in shell scroll-back,

@@ -1,4 +1,4 @@
-"""Careless neighbours, issue 16 item 14: what the compose file publishes to the network.
+"""Careless neighbours: what the compose file publishes to the network.
 
 Threat: PostgreSQL published on every interface of the box takes password guesses (and,
 without TLS, shows the password and every job's data to the network path) from anyone

@@ -1,4 +1,4 @@
-"""The catalog (issue 16 item 14): the cache answers a submit within its time to live
+"""The catalog: the cache answers a submit within its time to live
 without asking the database, worker registered yet or not; the recipe sources a worker
 skipped, and why.
 """

@@ -36,7 +36,7 @@ def test_every_route_has_a_summary_and_the_example_is_valid(client: TestClient) 
 
 
 def test_every_route_declares_the_errors_it_answers(client: TestClient) -> None:
-    """Issue 16 item 12: the document names every status the API gives, each error with the
+    """The document names every status the API gives, each error with the
     ``{"detail": ...}`` body it carries, so Swagger and generated clients tell the truth."""
     spec = client.get("/openapi.json").json()
     error_body = {"$ref": "#/components/schemas/ErrorDetail"}

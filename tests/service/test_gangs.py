@@ -1,4 +1,4 @@
-"""Jobs across boxes (issue 19) as the service sees them: the spec's rules at submit, the
+"""Jobs across boxes as the service sees them: the spec's rules at submit, the
 claim that never takes one, and the gang (service.store.gang) on a real PostgreSQL:
 all nodes or none, one job joined at a time, members that leave or go silent, the
 reservation, quotas counting every node, and a requeue dissolving the gang."""

@@ -1,4 +1,4 @@
-"""Small jobs sharing a big GPU (issue 17 item 4), as the service sees them: the spec's
+"""Small jobs sharing a big GPU, as the service sees them: the spec's
 rules, the submit check against the workers' GPUs, the claim (one statement, on both
 databases) that never mixes shares and whole GPUs, and what a waiting share says."""
 

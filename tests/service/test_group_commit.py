@@ -102,7 +102,7 @@ def test_a_submit_cancelled_before_its_batch_is_never_written(engine: Engine) ->
 def test_a_row_the_database_refuses_fails_only_its_own_submit(
     engine: Engine, refused: dict[str, Any]
 ) -> None:
-    """Issue 16 item 11: one bad row once failed every submit of its batch. The row here
+    """One bad row once failed every submit of its batch. The row here
     passed no validation (it is built by hand), as one that got past it would."""
     if "name" in refused and engine.dialect.name == "sqlite":
         pytest.skip("SQLite stores a NUL")

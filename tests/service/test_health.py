@@ -1,4 +1,4 @@
-"""/healthz (issue 16 item 13): the schema's revision, and not healthy while it is behind."""
+"""/healthz: the schema's revision, and not healthy while it is behind."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""/metrics' aggregates computed in the database (issue 16 item 3): the same figures as
-counting the rows in Python, on SQLite's and PostgreSQL's date arithmetic."""
+"""/metrics' aggregates computed in the database (a scrape once read every finished job
+into Python): the same figures as counting the rows in Python, on SQLite's and
+PostgreSQL's date arithmetic."""
 
 from __future__ import annotations
 

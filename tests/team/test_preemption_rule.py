@@ -1,4 +1,4 @@
-"""Preemption's rule (issue 18 item 5) on plain values, and the contenders the store gives
+"""Preemption's rule on plain values, and the contenders the store gives
 a worker, on both databases."""
 
 from __future__ import annotations

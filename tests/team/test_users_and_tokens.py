@@ -1,6 +1,5 @@
-"""A box a team shares (issue 18 items 1, 2, 4's submit side, 6): users with their own
-tokens, who may act on which job, the queued-jobs quota, and the audit trail, through
-the real API on both databases."""
+"""A box a team shares: users with their own tokens, who may act on which job, the
+queued-jobs quota, and the audit trail, through the real API on both databases."""
 
 from __future__ import annotations
 
