@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A token is all that stands between the network and running code on the box.
@@ -17,11 +17,20 @@ MAKE_A_TOKEN = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 class Settings(BaseSettings):
     """Everything an operator can set; built where needed, never at import time."""
 
-    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
+    # hide_input_in_errors: a refused setting's error must not print the token or the
+    # database password it was given.
+    model_config = SettingsConfigDict(
+        env_prefix="TRAINYARD_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = Field(
         "sqlite:///./data/trainyard.db",
         description="SQLAlchemy URL; SQLite for one box, postgresql+psycopg:// for several.",
+    )
+    database_url_file: Path | None = Field(
+        None,
+        description="A file holding DATABASE_URL (a secret's file, as Docker and systemd "
+        "mount them), so no shell or parent process need hold the password.",
     )
     data_dir: Path = Field(Path("./data"), description="Artifacts, checkpoints, runner files.")
     host: str = "127.0.0.1"
@@ -30,6 +39,9 @@ class Settings(BaseSettings):
         None,
         description=f"Bearer token required on /api/v1; at least {MIN_TOKEN_CHARS} characters "
         f"(make one with: {MAKE_A_TOKEN}).",
+    )
+    api_token_file: Path | None = Field(
+        None, description="A file holding API_TOKEN (its first line), instead of the variable."
     )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         [],
@@ -181,6 +193,29 @@ class Settings(BaseSettings):
         description="How long a worker holds its devices for a job across boxes whose "
         "other nodes have not come; then it gives them back (and the rendezvous' limit).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """DATABASE_URL and API_TOKEN from their files, when those are given; both a
+        file and a value is a mistake, said at start."""
+        if not isinstance(data, dict):
+            return data
+        for name in ("database_url", "api_token"):
+            path = data.get(f"{name}_file")
+            if not path:
+                continue
+            if data.get(name):
+                raise ValueError(f"set {name} or {name}_file, not both")
+            try:
+                lines = Path(path).read_text().splitlines()
+            except OSError as exc:
+                raise ValueError(f"{name}_file: cannot read {path}: {exc.strerror}") from exc
+            if not lines or not lines[0].strip():
+                raise ValueError(f"{name}_file: {path} is empty")
+            # read once: the settings hold the value (copies of them read no file again)
+            data = {**data, name: lines[0].strip(), f"{name}_file": None}
+        return data
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ from typing import IO
 from service.store import Claim
 from workers.outcome import StopReason
 from workers.procfs import group_members
+from workers.reporter import DbReporter
 from workers.stdio import MAX_LINE_CHARS
 from workers.zygote import ZygoteProcess
 
@@ -82,6 +83,7 @@ class Attempt:
         self._ended_noted = False  # the "attempt ended" log line was written
         self._lines: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()  # the log lines and open pipes (the pump threads)
+        self.reporter: DbReporter | None = None  # stores rank 0's points (the supervisor's)
         self._on_exit = on_exit
         self._open_pipes = 2
         self._pumps = [
@@ -130,6 +132,11 @@ class Attempt:
             closed = self._open_pipes == 0
         if closed and self._on_exit is not None:
             self._on_exit()
+
+    def close_reporter(self) -> None:
+        """Store what rank 0 reported last, and stop following its points."""
+        if self.reporter is not None:
+            self.reporter.close()
 
     def join_pumps(self, timeout_s: float = 5.0) -> None:
         """Wait until both pipes reached EOF (every process holding them is gone)."""

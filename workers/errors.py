@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 import traceback
 from typing import Any
-
-import torch
 
 from service.reasons import ReasonCode
 from workers.memory_limit import ran_out
 
 TRACEBACK_LINES = 30
+
+
+def _cuda_oom(exc: BaseException) -> bool:
+    """Whether torch ran out of CUDA memory (torch is loaded wherever it could have: the
+    supervisor, which describes its own failures too, never imports it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, torch.OutOfMemoryError)
 
 
 class NotRetryable(Exception):
@@ -26,7 +32,7 @@ def describe(exc: BaseException, rank: int | None = None) -> dict[str, Any]:
     code, retryable = ReasonCode.error, True
     if isinstance(exc, NotRetryable):
         code, retryable = exc.code, False
-    elif isinstance(exc, torch.OutOfMemoryError):
+    elif _cuda_oom(exc):
         code, retryable = ReasonCode.cuda_oom, False
     elif ran_out(exc):  # past the job's memory limit (workers.memory_limit)
         code, retryable = ReasonCode.out_of_memory, False
@@ -41,3 +47,12 @@ def describe(exc: BaseException, rank: int | None = None) -> dict[str, Any]:
         "code": code,  # a StrEnum: JSON holds its value, as before
         "retryable": retryable,
     }
+
+
+class Described(Exception):
+    """A failure described in another process (the supervisor placing the job's inputs),
+    raised again where the attempt's report is written."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message", ""))
+        self.error = error

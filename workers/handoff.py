@@ -1,69 +1,95 @@
-"""What the supervisor hands a runner on its stdin: the attempt's lease token and the
-worker's settings (the database URL and the API token among them).
+"""What the supervisor hands a runner on its stdin: the job, the few settings a runner
+needs, and where the job's inputs were placed. No credential: not the database URL, not
+the API token, not the lease token. The supervisor is the one process on a box that
+holds those; a runner, and every process of the job's code under it, reports through
+files the supervisor reads (``workers.points_file``, ``JobFiles``).
 
-Not on the command line: every local user can read any process's argv (``ps``). Not in
-the environment: the job's code reads that (``os.environ``, ``/proc/self/environ``),
-and so do its children. A pipe holds the hand-off until the runner reads it, before any
-job code runs; the runner then points its stdin at /dev/null, so its ranks and scripts
-inherit nothing of it. (The runner keeps the settings in memory, where the recipe code it
-runs in the same process can still find them: see docs/architecture.md, "Inside the box".)
+The supervisor writes the hand-off from a thread once it has fetched and placed the
+job's blobs (``workers.inputs``), and the runner waits for it, reading its stdin to the
+end before anything else: so the runner starts at once, its lease renewed meanwhile,
+while a large package is still on its way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from service.models import Job
 from service.settings import Settings
 
-# A pipe holds 64 KiB before a writer blocks; the hand-off is written before the runner
-# reads it, so it must fit (it is ~2 KiB).
-MAX_HANDOFF_BYTES = 60_000
+
+class JobSettings(BaseModel):
+    """The worker's settings a runner uses: paths and times, nothing secret."""
+
+    data_dir: Path
+    recipes_dir: Path | None
+    shared_dir: Path | None
+    cache_dir: Path
+    requirements_timeout_s: float
+    advertise_address: str
+    socket_ifname: str | None
+    gang_timeout_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> JobSettings:
+        """The settings' paths absolute: the runner's working directory may differ."""
+        data_dir = settings.data_dir.resolve()
+        return cls(
+            data_dir=data_dir,
+            recipes_dir=None if settings.recipes_dir is None else settings.recipes_dir.resolve(),
+            shared_dir=settings.shared_dir,
+            cache_dir=(settings.cache_dir or data_dir / "cache").resolve(),
+            requirements_timeout_s=settings.requirements_timeout_s,
+            advertise_address=settings.advertise_address,
+            socket_ifname=settings.socket_ifname,
+            gang_timeout_s=settings.gang_timeout_s,
+        )
 
 
 class Handoff(BaseModel):
-    """The runner's secrets and settings, as the supervisor passes them."""
+    """One attempt's job and settings, as the supervisor passes them to its runner."""
 
-    lease_token: str
-    settings: dict[str, Any]
+    job: dict[str, Any]  # the job's row, as JSON
+    settings: JobSettings
+    package: Path | None = None  # the job's code package, unpacked, read-only
+    inputs_error: dict[str, Any] | None = None  # why the inputs could not be placed
 
     @classmethod
-    def of(cls, lease_token: str, settings: Settings) -> Handoff:
-        """The worker's settings, with paths absolute (the runner's cwd may differ)."""
-        absolute: dict[str, Path] = {"data_dir": settings.data_dir.resolve()}
-        if settings.recipes_dir is not None:
-            absolute["recipes_dir"] = settings.recipes_dir.resolve()
-        resolved = settings.model_copy(update=absolute)
-        return cls(lease_token=lease_token, settings=resolved.model_dump(mode="json"))
+    def of(cls, job: Job, settings: Settings) -> Handoff:
+        """The job's row without its lease token (a runner writes nothing fenced)."""
+        row = job.model_dump(mode="json", exclude={"lease_token"})
+        return cls(job=row, settings=JobSettings.of(settings))
 
-    def runner_settings(self) -> Settings:
-        """The worker's settings, exactly (not re-read from this process's environment)."""
-        return Settings.model_validate(self.settings)
+    def the_job(self) -> Job:
+        return Job.model_validate(self.job)
 
-    def pipe(self) -> int:
-        """The read end of a pipe that holds this hand-off whole; the caller closes it."""
+    def write(self, fd: int) -> None:
+        """Write the hand-off whole to a pipe's write end and close it. A runner killed
+        meanwhile (a cancel) has closed its end: nothing to hand off then."""
         data = self.model_dump_json().encode()
-        if len(data) > MAX_HANDOFF_BYTES:
-            raise ValueError(f"runner hand-off of {len(data)} bytes does not fit a pipe")
-        read, write = os.pipe()
         try:
-            os.write(write, data)
-        except BaseException:
-            os.close(read)
-            raise
-        finally:
-            os.close(write)
-        return read
+            with open(fd, "wb") as pipe:
+                pipe.write(data)
+        except BrokenPipeError:
+            pass
 
 
 def read_stdin() -> Handoff:
-    """The hand-off on this process's stdin, read to its end; stdin is /dev/null after."""
+    """The hand-off on this process's stdin, read to its end; stdin is /dev/null after,
+    so the job's processes inherit nothing of it."""
     with open(0, "rb", closefd=False) as stdin:
         data = stdin.read()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     return Handoff.model_validate_json(data)
+
+
+def close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)

@@ -13,7 +13,12 @@
         attempt-<n>.json               how attempt n ended (runner -> supervisor)
         attempt-<n>-result.json        rank 0's final metrics (rank 0 -> runner)
         attempt-<n>-rank-<r>-error.json  a rank's own error report (rank -> runner)
+        attempt-<n>-points.jsonl       rank 0's progress and metric points (rank 0 ->
+                                       supervisor, which stores them)
+        attempt-<n>-environment.json   the attempt's environment record (runner ->
+                                       supervisor, which stores it)
         metrics-flushed                the last step whose metric points are stored
+                                       (supervisor -> the next attempt's rank 0)
         attempt-<n>-metrics.jsonl      a script's $TRAINYARD_METRICS_FILE
         torchrun/                      torchrun's copies of a ddp script's rank output
 
@@ -81,6 +86,12 @@ class JobFiles:
     def result(self, attempt: int) -> Path:
         return self.root / self.runner / f"attempt-{attempt}-result.json"
 
+    def points(self, attempt: int) -> Path:
+        return self.root / self.runner / f"attempt-{attempt}-points.jsonl"
+
+    def environment(self, attempt: int) -> Path:
+        return self.root / self.runner / f"attempt-{attempt}-environment.json"
+
     def metrics_file(self, attempt: int) -> Path:
         return self.root / self.runner / f"attempt-{attempt}-metrics.jsonl"
 
@@ -93,7 +104,13 @@ class JobFiles:
 
     def clear_attempt(self, attempt: int) -> None:
         """Remove the hand-offs an earlier run of this attempt number left behind."""
-        hand_offs = (self.outcome(attempt), self.result(attempt), self.metrics_file(attempt))
+        hand_offs = (
+            self.outcome(attempt),
+            self.result(attempt),
+            self.metrics_file(attempt),
+            self.points(attempt),
+            self.environment(attempt),
+        )
         for path in (*hand_offs, *self.rank_errors(attempt)):
             path.unlink(missing_ok=True)
 

@@ -1,6 +1,7 @@
 """How runners start: forked from the warm zygote, or as fresh interpreters when there is
 none (turned off, or it cannot get warm here). Owns the zygote, its restarts and the
-count of its deaths, the environment every runner gets, and the hand-off on its stdin."""
+count of its deaths, the environment every runner gets, and the hand-off on its stdin,
+written once the job's inputs are placed."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import IO
 
+from service.models import Job
 from service.settings import Settings
 from service.store import Claim
+from workers import inputs
 from workers.attempt import Attempt, Process
-from workers.env_allowlist import inherited
+from workers.env_allowlist import inherited, withheld
+from workers.errors import describe
 from workers.gangs import Start
 from workers.gpu_share import ALLOC_CONF, alloc_conf
 from workers.handoff import Handoff
@@ -47,6 +52,12 @@ class Launcher:
     def open(self) -> None:
         """Take the runners' environment from this process's, and start the zygote."""
         self._env = runner_env()
+        if withheld():
+            log.warning(
+                "%s carr%s a password in a URL: jobs (and their pip) start without it",
+                ", ".join(withheld()),
+                "ies" if len(withheld()) == 1 else "y",
+            )
         self.warm()
 
     def ready(self) -> bool:
@@ -89,6 +100,7 @@ class Launcher:
     def start(
         self,
         claim: Claim,
+        job: Job,
         devices: list[int],
         *,
         accelerator: str,
@@ -129,14 +141,38 @@ class Launcher:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus or [])
         if gpu_memory_fraction is not None:  # every process of the job reads it
             env[ALLOC_CONF] = alloc_conf(env.get(ALLOC_CONF), gpu_memory_fraction)
-        # The lease token and the settings (the database URL among them) go on stdin:
-        # argv is anyone's to read (ps), the environment the job's code's.
-        stdin = Handoff.of(claim.fence.lease_token, self.settings).pipe()
+        # The job and its settings go on stdin, once its inputs are placed (a fetch may
+        # take minutes: the runner waits for it, its lease renewed meanwhile).
+        stdin, hand_off = os.pipe()
         try:
             process, stdout, stderr = self._spawn(args, env, stdin)
+        except BaseException:
+            os.close(hand_off)
+            raise
         finally:
             os.close(stdin)
+        threading.Thread(
+            target=self._hand_off,
+            args=(hand_off, job, files),
+            name=f"hand-off-{claim.fence.job_id}",
+            daemon=True,
+        ).start()
         return Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+
+    def _hand_off(self, fd: int, job: Job, files: JobFiles) -> None:
+        """Place the job's inputs, then write the runner's hand-off (or why they could
+        not be placed: the runner reports it as the attempt's failure)."""
+        try:
+            handoff = Handoff.of(job, self.settings)
+            try:
+                handoff.package = inputs.place(self.settings, job, files)
+            except Exception as exc:
+                log.warning("job %s: its inputs could not be placed: %s", job.id, exc)
+                handoff.inputs_error = describe(exc)
+        except BaseException:
+            os.close(fd)  # the runner reads no hand-off, and fails saying so
+            raise
+        handoff.write(fd)
 
     def _spawn(
         self, args: list[str], env: dict[str, str], stdin: int

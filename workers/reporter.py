@@ -1,43 +1,45 @@
-"""Moves rank 0's points into the database in batches, off the training thread.
+"""Moves an attempt's points into the database in batches, in the supervisor.
 
-Rank 0 owns its reporter in the process it trains in (the runner's own for single and
-dp, its rank process for ddp): ``DbReports`` is what the runner hands down, and rank 0
-opens it there. Every write is fenced by the attempt's lease.
+Rank 0 appends its progress and metric points to a file (``workers.points_file``); the
+supervisor, the one process of a box that holds the database's credentials, runs a
+reporter per attempt that follows that file, and records the attempt's environment once
+the runner has written it. Every write is fenced by the attempt's lease.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import queue
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Engine
 
 from service import store
-from service.db import make_engine, unavailable
+from service.db import unavailable
 from service.points import MetricPoint, ProgressPoint
-from service.settings import Settings
 from service.store import Fence
-from workers.jobfiles import JobFiles, write_atomic
+from workers.jobfiles import write_atomic
+from workers.points_file import PointsReader
 
 log = logging.getLogger(__name__)
 
 # How often buffered progress and metrics are written (progress must refresh every second).
 FLUSH_INTERVAL_S = 0.5
+# An environment record is a few KiB (packages, devices); past this it is not one.
+MAX_ENVIRONMENT_BYTES = 2**20
 
 
 class DbReporter:
-    """A queue the training loop puts points on, and a thread that writes them in batches.
+    """A queue of points, and a thread that writes them in batches.
 
-    ``put_nowait`` never blocks and never touches the database, so a slow or locked
-    database cannot slow a training step; only the latest progress of a batch is written.
+    ``put_nowait`` never blocks and never touches the database; only the latest progress
+    of a batch is written. ``source``: a points file the thread reads every interval
+    (rank 0's, in another process); ``environment``: the runner's environment record,
+    stored once it is there.
     """
 
     def __init__(
@@ -46,11 +48,15 @@ class DbReporter:
         fence: Fence,
         *,
         flush_interval_s: float = FLUSH_INTERVAL_S,
-        on_lease_lost: Callable[[], None] | None = None,
+        on_lease_lost: Callable[[], object] | None = None,
         flushed_marker: Path | None = None,
         lease_s: float | None = None,
+        source: PointsReader | None = None,
+        environment: Path | None = None,
     ) -> None:
         self.engine = engine
+        self.source = source
+        self.environment = environment
         self.fence = fence
         self.on_lease_lost = on_lease_lost
         self.flushed_marker = flushed_marker
@@ -82,6 +88,8 @@ class DbReporter:
             # the queue instead would wake this thread once per point, and each wake-up
             # takes the GIL from the training loop (with a point every step: 0.81x).
             done = self._closing.wait(self.flush_interval_s)
+            self._record_environment()
+            self._read_source(done)
             while True:
                 try:
                     item = self.points.get_nowait()
@@ -93,6 +101,39 @@ class DbReporter:
                     metrics.append(item)
             if (progress is not None or metrics) and self._write(progress, metrics):
                 progress, metrics = None, []  # else kept, and tried again with the next batch
+
+    def _read_source(self, closing: bool) -> None:
+        """Queue what rank 0 appended since the last look (closing: all of it)."""
+        while self.source is not None:
+            points = self.source.read()
+            for point in points:
+                self.points.put_nowait(point)
+            if not (closing and points):
+                return
+
+    def _record_environment(self) -> None:
+        """Store the runner's environment record once it is whole on disk."""
+        if self.environment is None:
+            return
+        try:
+            with open(self.environment, "rb") as f:  # the job's own writing: bounded
+                record = json.loads(f.read(MAX_ENVIRONMENT_BYTES + 1))
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:  # written atomically: not a half file
+            log.error("job %s: environment record not stored (%s)", self.fence.job_id, exc)
+            self.environment = None
+            return
+        try:
+            owned = store.record_environment(self.engine, self.fence, record)
+        except Exception:
+            log.exception("job %s: could not record the environment; will retry", self.fence.job_id)
+            return
+        self.environment = None
+        if not owned:
+            self._lost()
 
     def _write(self, progress: ProgressPoint | None, metrics: list[MetricPoint]) -> bool:
         """Store a batch; False when it should be tried again."""
@@ -149,37 +190,3 @@ class DbReporter:
         log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
         if self.on_lease_lost is not None:
             self.on_lease_lost()
-
-
-@dataclass(frozen=True)
-class DbReports:
-    """Rank 0's way to the database, opened in its own process (picklable for spawn).
-
-    The engine is made where it is used: a connection must never cross a fork.
-    """
-
-    settings: Settings
-    fence: Fence
-
-    @contextmanager
-    def open(self) -> Iterator[DbReporter]:
-        """A started reporter; on leaving, what is left is written and the engine closed."""
-        engine = make_engine(self.settings)
-        reporter = DbReporter(
-            engine,
-            self.fence,
-            on_lease_lost=kill_own_group,
-            flushed_marker=JobFiles.of(self.settings.data_dir, self.fence.job_id).flushed_marker,
-            lease_s=self.settings.lease_s,
-        ).start()
-        try:
-            yield reporter
-        finally:
-            reporter.close()
-            engine.dispose()
-
-
-def kill_own_group() -> None:
-    """Another worker owns the job now: nothing this attempt does can count, so stop it all."""
-    log.error("lease lost: stopping every process of this attempt")
-    os.killpg(0, signal.SIGKILL)

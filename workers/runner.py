@@ -1,9 +1,10 @@
 """The runner: one process per attempt, started by the supervisor in its own process group.
 
-It resolves the spec for this worker, records the environment, trains with the job's
-strategy (rank 0 streams progress and metrics to the database, fenced by the attempt's
-lease) and leaves a ``RunnerReport`` for the supervisor. It never changes the job's
-status: that is the supervisor's job.
+It resolves the spec for this worker, writes the environment record, trains with the
+job's strategy (rank 0 appends progress and metrics to a file the supervisor stores) and
+leaves a ``RunnerReport`` for the supervisor. It holds no credential and never touches
+the database: the job and its settings come on its stdin (``workers.handoff``), and
+everything it says goes through the job's folder.
 """
 
 from __future__ import annotations
@@ -17,24 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import Engine
 
-from service import store
-from service.db import make_engine
 from service.models import Job, Strategy
 from service.reasons import ReasonCode
-from service.settings import Settings
-from service.store import Fence, load_job
 from workers import environment, multinode, script, strategies
-from workers.blob_cache import BlobCache
-from workers.errors import NotRetryable, describe
-from workers.handoff import read_stdin
-from workers.jobfiles import JobFiles
+from workers.errors import Described, NotRetryable, describe
+from workers.handoff import JobSettings, read_stdin
+from workers.jobfiles import JobFiles, write_atomic
 from workers.memory_limit import apply as limit_memory
 from workers.node import Node
 from workers.outcome import RunnerReport
+from workers.points_file import PointsFile
 from workers.recipes import Recipe, load_package_recipes, load_recipes
-from workers.reporter import DbReports
 from workers.script_launch import Script
 from workers.stdio import prefix_stdio
 from workers.training import Preempted, RunSpec, resolve, stop_on_sigterm
@@ -58,33 +53,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_limit is not None:  # first: every process of the attempt inherits it
         limit_memory(args.memory_limit)
 
-    # The lease token and the worker's settings come on stdin (workers.handoff): neither
-    # on the command line nor in the environment the job's code reads.
+    # The job and its settings come on stdin (workers.handoff), once the supervisor has
+    # placed the job's inputs: neither on the command line nor in the environment.
     handoff = read_stdin()
-    settings = handoff.runner_settings()
-    fence = Fence(args.job_id, args.attempt, handoff.lease_token)
+    settings = handoff.settings
     files = JobFiles.of(settings.data_dir, args.job_id, args.node)
     prefix_stdio("[runner] ", args.job_id)
     stop_on_sigterm()  # checkpoint and stop (ddp: the ranks do; this process waits for them)
     try:
-        engine = make_engine(settings)
-        try:  # one engine to read the job and record its environment
-            job = load_job(engine, fence.job_id)
-            node = _node(settings, args, job) if args.node is not None else None
-            if job.entrypoint is not None:
-                prepared = _prepare_script(engine, settings, fence, job, args, node)
-            else:
-                spec, recipe, params = prepare(engine, settings, fence, job, args)
-        finally:
-            # Rank 0 makes its own engine where it trains: no connection crosses a fork.
-            engine.dispose()
+        if handoff.inputs_error is not None:
+            raise Described(handoff.inputs_error)
+        job = handoff.the_job()
+        node = _node(settings, args, job) if args.node is not None else None
+        points = PointsFile(files.points(args.attempt))
         if job.entrypoint is not None:
-            report = script.run(settings, fence, prepared)
-        elif node is not None:
-            report = multinode.run(spec, node, recipe, params, DbReports(settings, fence))
+            assert handoff.package is not None  # a script job brings its code
+            prepared = _prepare_script(settings, job, args, node, handoff.package)
+            report = script.run(prepared, points)
         else:
-            result = strategies.run(spec, DbReports(settings, fence), recipe=recipe, params=params)
-            report = RunnerReport(ok=True, result=result)
+            spec, recipe, params = prepare(settings, job, args, handoff.package)
+            if node is not None:
+                report = multinode.run(spec, node, recipe, params, points)
+            else:
+                result = strategies.run(spec, points, recipe=recipe, params=params)
+                report = RunnerReport(ok=True, result=result)
         if report.ok and not report.leader:
             log.info(
                 "attempt %d: this node's ranks are done (global rank 0 is elsewhere)", args.attempt
@@ -102,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
-def _node(settings: Settings, args: argparse.Namespace, job: Job) -> Node:
+def _node(settings: JobSettings, args: argparse.Namespace, job: Job) -> Node:
     """This box's node. The others may still be preparing (a script's requirements take
     up to REQUIREMENTS_TIMEOUT_S): the rendezvous waits that long too. (A node whose
     worker died is caught sooner, by the lease: workers.gangs.)"""
@@ -120,30 +112,30 @@ def _node(settings: Settings, args: argparse.Namespace, job: Job) -> Node:
 
 
 def _prepare_script(
-    engine: Engine,
-    settings: Settings,
-    fence: Fence,
+    settings: JobSettings,
     job: Job,
     args: argparse.Namespace,
     node: Node | None,
+    package: Path,
 ) -> Script:
-    """A script job: its package, data and virtualenv ready, its environment recorded."""
+    """A script job: its virtualenv ready, its environment recorded."""
     prepared = script.prepare(
-        settings, job, fence.attempt, accelerator=args.accelerator, threads=args.threads, node=node
-    )
+        settings, job, args.attempt, package,
+        accelerator=args.accelerator, threads=args.threads, node=node,
+    )  # fmt: skip
     record = environment.script_record(
-        job, fence.attempt, accelerator=args.accelerator, threads=args.threads,
+        job, args.attempt, accelerator=args.accelerator, threads=args.threads,
         python=prepared.argv[0],
     )  # fmt: skip
-    _record(engine, fence, JobFiles.of(settings.data_dir, fence.job_id, args.node), record)
+    _record(JobFiles.of(settings.data_dir, args.job_id, args.node), args.attempt, record)
     return prepared
 
 
 def prepare(
-    engine: Engine, settings: Settings, fence: Fence, job: Job, args: argparse.Namespace
+    settings: JobSettings, job: Job, args: argparse.Namespace, package: Path | None = None
 ) -> tuple[RunSpec, Recipe, BaseModel]:
     """Load the job's recipe, resolve the spec, record the environment."""
-    recipe, package = _recipe(settings, job, args.node)
+    recipe = _recipe(settings, job, args.node, package)
     spec, params = resolve(
         job,
         recipe,
@@ -151,17 +143,17 @@ def prepare(
         threads=args.threads,
         data_dir=settings.data_dir,
         recipes_dir=settings.recipes_dir,
-        attempt=fence.attempt,
+        attempt=args.attempt,
         package=package,
         shared_dir=settings.shared_dir,
         node=args.node,
     )
-    _record(engine, fence, spec.files, environment.record(spec, recipe, worker_id=job.worker_id))
+    _record(spec.files, args.attempt, environment.record(spec, recipe, worker_id=job.worker_id))
     if spec.strategy != Strategy.ddp:
-        prefix_stdio("[rank 0] ", fence.job_id)
+        prefix_stdio("[rank 0] ", args.job_id)
     log.info(
         "attempt %d: %s on %d %s device(s)",
-        fence.attempt,
+        args.attempt,
         spec.strategy,
         spec.devices,
         spec.accelerator,
@@ -169,27 +161,25 @@ def prepare(
     return spec, recipe, params
 
 
-def _record(engine: Engine, fence: Fence, files: JobFiles, record: dict[str, Any]) -> None:
-    """The environment record, as the spec.json artifact and on the job (fenced)."""
+def _record(files: JobFiles, attempt: int, record: dict[str, Any]) -> None:
+    """The environment record, as the spec.json artifact and for the supervisor to store
+    on the job."""
     environment.write_spec(files, record)
-    store.record_environment(engine, fence, record)
+    write_atomic(files.environment(attempt), json.dumps(record))
 
 
-def _recipe(settings: Settings, job: Job, node: int | None) -> tuple[Recipe, Path | None]:
-    """The job's recipe: this worker's, or one its code package defines (then the package,
-    unpacked, with the job's data files placed under $TRAINYARD_INPUT_DIR)."""
-    if job.code is None:
+def _recipe(settings: JobSettings, job: Job, node: int | None, package: Path | None) -> Recipe:
+    """The job's recipe: this worker's, or one its code package defines (the package
+    unpacked, and the job's data files under $TRAINYARD_INPUT_DIR, by the supervisor)."""
+    if package is None:
         recipe = load_recipes(settings.recipes_dir).get(job.recipe or "")
         if recipe is None:
             raise NotRetryable(
                 ReasonCode.unknown_recipe, f"this worker has no recipe {job.recipe!r}"
             )
-        return recipe, None
+        return recipe
     assert job.id is not None
-    cache = BlobCache(settings)
-    package = cache.code(job.code)
     inputs = JobFiles.of(settings.data_dir, job.id, node).inputs
-    script.place_inputs(cache, job.data or {}, inputs)
     os.environ["TRAINYARD_INPUT_DIR"] = str(inputs)  # the recipe's ranks inherit it
     try:
         recipes = load_package_recipes(package)
@@ -204,12 +194,12 @@ def _recipe(settings: Settings, job: Job, node: int | None) -> tuple[Recipe, Pat
             ReasonCode.unknown_recipe,
             f"the job's package defines no recipe {job.recipe!r} (it defines: {known})",
         )
-    return recipe, package
+    return recipe
 
 
 def _error(exc: BaseException, files: JobFiles, attempt: int) -> dict[str, Any]:
     """How the attempt failed: the first failing rank's own report says more than ours."""
-    error = describe(exc)
+    error = exc.error if isinstance(exc, Described) else describe(exc)
     for path in files.rank_errors(attempt):
         try:
             error = {**json.loads(path.read_text()), "ranks": str(exc)}

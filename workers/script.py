@@ -10,8 +10,8 @@ on loopback): a script that runs under ``torchrun`` runs here unchanged; across 
 
 The script's environment is an allow-list (no database URL, no API token) plus the
 job's own variables (``job_env``). The runner follows ``$TRAINYARD_METRICS_FILE`` into
-the database, keeps the tail of the script's stderr for the job's ``error``, and turns
-how the script ended into the attempt's ``RunnerReport``.
+the points file the supervisor stores, keeps the tail of the script's stderr for the
+job's ``error``, and turns how the script ended into the attempt's ``RunnerReport``.
 
 SIGTERM means "checkpoint now and exit": the supervisor sends it to the attempt's whole
 process group (for ddp the launch passes it on to the ranks); a script that exits
@@ -28,19 +28,16 @@ from pathlib import Path
 
 from service.jobspec import resolve_strategy
 from service.models import Job, Strategy
-from service.owner_only import hide_process
 from service.reasons import ReasonCode
-from service.settings import Settings
-from service.store import Fence
-from workers.blob_cache import BlobCache
 from workers.env_allowlist import inherited
+from workers.handoff import JobSettings
 from workers.jobfiles import JobFiles
 from workers.loopback import LOOPBACK, one_box_env
 from workers.memory_limit import ran_out_in
 from workers.metrics_file import MetricsFile
 from workers.node import Node
 from workers.outcome import RunnerReport
-from workers.reporter import DbReports
+from workers.points_file import PointsFile
 from workers.script_launch import Script, free_port, run_process, run_ranks
 from workers.training.spec import shared_checkpoints
 from workers.venvs import python_for, requirement_lines
@@ -53,21 +50,19 @@ PYTHON_NAMES = ("python", "python3", f"python3.{sys.version_info.minor}")
 
 
 def prepare(
-    settings: Settings,
+    settings: JobSettings,
     job: Job,
     attempt: int,
+    package: Path,
     *,
     accelerator: str,
     threads: int,
     node: Node | None = None,
 ) -> Script:
-    """Fetch and unpack the package, place the data, build the requirements' virtualenv
-    (``node``: this box's part of a job across boxes)."""
+    """Build the requirements' virtualenv and the script's environment, in the package
+    the supervisor unpacked (``node``: this box's part of a job across boxes)."""
     assert job.id is not None and job.code is not None and job.entrypoint is not None
     files = JobFiles.of(settings.data_dir, job.id, None if node is None else node.node)
-    cache = BlobCache(settings)
-    package = cache.code(job.code)
-    place_inputs(cache, job.data or {}, files.inputs)
     # across boxes, kept where the next attempt's nodes find it, on any box
     shared = shared_checkpoints(job, settings.shared_dir)
     checkpoints = files.checkpoints if shared is None else Path(shared)
@@ -78,7 +73,7 @@ def prepare(
     metrics.touch(mode=0o600)  # the script appends; the runner follows
     python = python_for(
         requirement_lines(job.requirements, package),
-        cache.root,
+        settings.cache_dir,
         package,
         timeout_s=settings.requirements_timeout_s,
     )
@@ -134,16 +129,12 @@ def job_env(
     return env
 
 
-def run(settings: Settings, fence: Fence, script: Script) -> RunnerReport:
+def run(script: Script, points: PointsFile) -> RunnerReport:
     """Run the script to its end, following its metrics; how it ended, as a report."""
-    # The script runs as this user, in processes of its own: it must not read this one's
-    # memory, where the settings (the database URL) are. (A recipe runs in the runner's
-    # own process: nothing to hide from it there.)
-    hide_process()
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     log.info("running %s in %s", " ".join(script.argv), script.cwd)
-    with DbReports(settings, fence).open() as reporter:
+    with points.open() as reporter:
         metrics = MetricsFile(script.metrics, reporter)
         done = threading.Event()
         follower = threading.Thread(
@@ -193,12 +184,3 @@ def _failed(
             "retryable": retryable,
         },
     )
-
-
-def place_inputs(cache: BlobCache, data: dict[str, str], folder: Path) -> None:
-    """Each data file at ``folder/<name>``: a link to the read-only cached blob."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for entry in folder.iterdir():  # what an earlier attempt placed
-        entry.unlink()
-    for name, digest in data.items():
-        (folder / name).symlink_to(cache.blob(digest))

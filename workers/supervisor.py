@@ -37,8 +37,10 @@ from workers.launch import Launcher
 from workers.lease import Leases
 from workers.outage import DatabaseWatch
 from workers.outcome import RunnerReport, StopReason, decide
+from workers.points_file import PointsReader
 from workers.preemptor import Preemptor
 from workers.recipes import Recipe, SkippedSource, find_recipes
+from workers.reporter import DbReporter
 
 log = logging.getLogger(__name__)
 
@@ -359,8 +361,10 @@ class Supervisor:
         """Start the claim's runner on ``held``; the attempt is this worker's from now."""
         processes = jobspec.world_size(claim.strategy, claim.devices)
         threads = jobspec.threads_per_process(len(held), len(self.box.devices), processes)
+        job = store.load_job(self.engine, claim.fence.job_id)
         attempt = self.launcher.start(
             claim,
+            job,
             held,
             accelerator=self.box.accelerator,
             threads=threads,
@@ -371,6 +375,20 @@ class Supervisor:
             on_exit=self._wake.set,
             node=node,
         )
+        files = JobFiles.of(
+            self.settings.data_dir, claim.fence.job_id, None if node is None else node.node
+        )
+        # Rank 0's points and the runner's environment record reach the database
+        # through this process: a runner holds no credential.
+        attempt.reporter = DbReporter(
+            self.engine,
+            claim.fence,
+            on_lease_lost=partial(attempt.lose_lease, "the store refused its points"),
+            flushed_marker=files.flushed_marker,
+            lease_s=self.settings.lease_s,
+            source=PointsReader(files.points(claim.fence.attempt)),
+            environment=files.environment(claim.fence.attempt),
+        ).start()
         self.attempts[claim.fence.job_id] = attempt
         return attempt
 
@@ -431,6 +449,7 @@ class Supervisor:
     def _finish(self, attempt: Attempt) -> bool:
         """Record how an attempt ended, after its last process and log line are gone."""
         attempt.join_pumps()
+        attempt.close_reporter()  # its last points stored before its end is
         # Its devices were held until now, whoever's job it is by now.
         self._charge([attempt])
         # Read once: the lease watchdog may mark the lease lost at any moment.

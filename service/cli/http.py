@@ -3,6 +3,8 @@ that turns every failure into a message and an exit code."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -18,8 +20,22 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def connect(url: str, token: str | None) -> httpx.Client:
+    """A client of the server's API; without a token, the one in TRAINYARD_API_TOKEN_FILE
+    if that is set (a file, so that no shell's environment need hold it)."""
+    token = token or token_from_file()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers, timeout=30)
+
+
+def token_from_file() -> str | None:
+    path = os.environ.get("TRAINYARD_API_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip().splitlines()[0]
+    except (OSError, IndexError) as exc:
+        typer.echo(f"error: TRAINYARD_API_TOKEN_FILE: cannot read a token from {path}", err=True)
+        raise typer.Exit(2) from exc
 
 
 def shown(url: httpx.URL) -> str:

@@ -26,12 +26,14 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from service.models import Job
 from service.owner_only import PR_SET_DUMPABLE, hide_process
 from service.settings import Settings
 from tests.e2e.test_script_jobs import script_pids
@@ -159,19 +161,26 @@ def test_a_job_inherits_only_allow_listed_variables(monkeypatch: pytest.MonkeyPa
     }
 
 
-def test_the_runner_gets_its_token_and_settings_whole_through_a_pipe(tmp_path: Path) -> None:
+def test_the_runner_hand_off_holds_no_credential(tmp_path: Path) -> None:
+    """What a runner is handed (and every process of the job's code could find in its
+    memory): the job and the paths and times it needs; never the database URL, the API
+    token or the lease token."""
     settings = Settings(
         database_url="postgresql+psycopg://trainyard:secret@db/trainyard",
         data_dir=tmp_path / "data",
         api_token=API_TOKEN,
         lease_s=7.5,
     )
-    handoff = Handoff.of("lease-token-1", settings)
-    read_end = handoff.pipe()
-    with open(read_end, "rb") as pipe:
-        got = Handoff.model_validate_json(pipe.read())
-    assert got.lease_token == "lease-token-1"
-    assert got.runner_settings() == settings  # the database URL and token among them
+    job = Job(id=7, recipe="tiny", lease_token="lease-token-1", worker_id="w")
+    handoff = Handoff.of(job, settings)
+    read, write = os.pipe()
+    threading.Thread(target=handoff.write, args=(write,)).start()
+    with open(read, "rb") as pipe:
+        text = pipe.read().decode()
+    got = Handoff.model_validate_json(text)
+    assert got.the_job().recipe == "tiny" and got.settings.data_dir == (tmp_path / "data")
+    for secret in ("secret", API_TOKEN, "lease-token-1", "postgresql"):
+        assert secret not in text
 
 
 def test_files_made_before_are_closed_and_new_ones_are_private(tmp_path: Path) -> None:

@@ -96,8 +96,8 @@ def _run_attempt(tmp_path: Path, recipe: str, params: dict[str, object]) -> tupl
         )
         assert claim is not None and job.id is not None
         settings = Settings(database_url=url, data_dir=tmp_path / "data", recipes_dir=RECIPES_DIR)
-        # The lease token and settings come on stdin, as the launcher passes them.
-        handoff = Handoff.of(claim.fence.lease_token, settings).model_dump_json()
+        # The job and the settings a runner needs come on stdin, as the launcher passes them.
+        handoff = Handoff.of(store.load_job(engine, job.id), settings).model_dump_json()
         args = ["--job-id", str(job.id), "--attempt", "1", "--accelerator", "cpu"]
         done = subprocess.run(
             [sys.executable, "-m", "workers.runner", *args],
