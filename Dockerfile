@@ -10,7 +10,11 @@ ENV PYTHONUNBUFFERED=1 \
     TRAINYARD_DATABASE_URL=sqlite:////data/trainyard.db \
     TRAINYARD_RECIPES_DIR=/recipes
 
+# trainyard runs the API; the worker starts as root only to run each job as trainyard-job
+# (docker-compose.yml), which can read nothing of the API's or the worker's.
 RUN useradd --create-home --uid 10001 trainyard \
+    && useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+       --uid 10002 trainyard-job \
     && mkdir -p /data /recipes \
     && chown trainyard:trainyard /data
 

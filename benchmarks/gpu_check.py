@@ -53,15 +53,17 @@ CHECKS: dict[str, tuple[str, ...]] = {
         "tests/gpu/test_cuda_jobs.py::test_single_dp_and_ddp_jobs_train_to_the_same_weights[cuda]",
     ),
     "strategy invariance on CUDA": (
-        "tests/workers/test_strategies.py::test_single_dp_and_ddp_end_with_the_same_weights[cuda]",
+        "tests/workers/ranks/test_strategies.py::test_single_dp_and_ddp_end_with_the_same_weights[cuda]",
     ),
-    "bf16 on CUDA": ("tests/workers/test_strategies.py::test_bf16_trains_under_autocast[cuda]",),
+    "bf16 on CUDA": (
+        "tests/workers/ranks/test_strategies.py::test_bf16_trains_under_autocast[cuda]",
+    ),
     "cancel frees the GPU (NVML)": (
         "tests/gpu/test_cuda_jobs.py::test_a_cancelled_ddp_job_has_left_its_gpu",
     ),
     "worker on CUDA_VISIBLE_DEVICES subset": ("tests/gpu/test_visible_devices.py::",),
     "NVML lists a CUDA context": (
-        "tests/workers/test_gpu_release.py::test_nvml_lists_a_child_that_holds_a_cuda_context",
+        "tests/workers/supervisor/test_gpu_release.py::test_nvml_lists_a_child_that_holds_a_cuda_context",
     ),
     "small jobs share a GPU (gpu_memory_gb)": ("tests/gpu/test_gpu_shares.py::",),
 }

@@ -29,9 +29,9 @@ from service.db import make_engine
 from service.migrate import upgrade
 from service.models import JobCreate, JobStatus
 from tests.stack import RECIPES_DIR, running_stack
-from workers import strategies
-from workers.reporter import DbReporter
-from workers.training import InProcess, RunSpec, progress
+from workers.ranks import strategies
+from workers.ranks.training import InProcess, RunSpec, progress
+from workers.supervisor.reporter import DbReporter
 
 EPOCHS = 3
 PARAMS = {"samples": 16384, "width": 8}  # tiny model: thousands of steps per second

@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks.common import print_table, save
 from tests.stack import Stack, running_stack
-from workers.script import JOB_PATH
+from workers.script.job import JOB_PATH
 
 SCRIPT = """
 import json, os, sys, time

@@ -101,6 +101,7 @@ def list_workers(session: Session) -> list[WorkerRead]:
                 running_jobs={jid: devs or [] for jid, wid, devs in held if wid == w.id},
                 across_boxes=w.across_boxes,
                 recipe_errors=w.recipe_errors,
+                job_walls=w.job_walls,
             )
         )
     return out

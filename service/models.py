@@ -536,6 +536,8 @@ class Worker(SQLModel, table=True):
     recipe_errors: list[dict[str, str]] = Field(default_factory=list, sa_type=JSON)
     # whether it joins jobs across boxes (it has SHARED_DIR, on PostgreSQL)
     across_boxes: bool = False
+    # what protects the box from its jobs (workers.supervisor.walls); None: not said
+    job_walls: dict[str, str] | None = Field(default=None, sa_type=JSON)
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -564,6 +566,13 @@ class WorkerRead(SQLModel):
         schema_extra={
             "examples": [[{"source": "/recipes/mine.py", "error": "SyntaxError: invalid syntax"}]]
         },
+    )
+    job_walls: dict[str, str] | None = Field(
+        None,
+        description="What keeps its jobs from the box: runs_jobs_as (the account a job's "
+        "processes run as), job_network ('isolated': a one-box job has a network of its "
+        "own, loopback only; 'shared': the box's, with job_network_why).",
+        schema_extra={"examples": [{"runs_jobs_as": "trainyard-job", "job_network": "isolated"}]},
     )
     started_at: datetime
 

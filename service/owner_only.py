@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 PRIVATE_UMASK = 0o077  # new files 0600, new folders 0700
 PRIVATE_DIR_MODE = 0o700
+PASS_THROUGH_DIR_MODE = 0o711
 PRIVATE_FILE_MODE = 0o600
 SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")  # the database and SQLite's own beside it
 PR_SET_DUMPABLE = 4  # prctl(2), from <linux/prctl.h>
@@ -37,7 +38,8 @@ def keep_private(settings: Settings) -> None:
     os.umask(PRIVATE_UMASK)
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    _chmod_own(data_dir, PRIVATE_DIR_MODE)
+    # Jobs running as another account pass through it to their own folder (not list it).
+    _chmod_own(data_dir, PASS_THROUGH_DIR_MODE if settings.job_user else PRIVATE_DIR_MODE)
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
         for suffix in SQLITE_SIDE_FILES:

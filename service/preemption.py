@@ -4,7 +4,7 @@ A waiting job outranks a running one when the claim would serve it first, by a m
 its owner has a quarter of the running job's owner's usage or less (fair share), or the
 same usage or less and a higher priority (a user's own urgent job, or a colleague's).
 Following the claim's order means a victim, requeued, is not claimed back before the
-job it made room for. The worker (``workers.preemptor``) asks the store for the
+job it made room for. The worker (``workers.supervisor.preemptor``) asks the store for the
 contenders and stops the victims; this module only decides.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -186,6 +186,19 @@ class Settings(BaseSettings):
         description="The network interface a job across boxes' ranks talk on "
         "(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Default: loopback's while "
         "ADVERTISE_ADDRESS is a loopback address, else torch's own choice.",
+    )
+    job_user: str | None = Field(
+        None,
+        description="The account a job's processes run as, where the worker runs as root "
+        "(the image's: trainyard-job): they cannot then read the database, the token or "
+        "other jobs' folders. Unset: jobs run as the worker's own account.",
+    )
+    job_network: Literal["isolated", "host"] = Field(
+        "isolated",
+        description="isolated: a one-box job's processes get a network of their own with "
+        "only loopback (where the box allows it; the worker says at start), so no other "
+        "account or job reaches its rendezvous store; host: the box's network (a job that "
+        "downloads while it trains).",
     )
     gang_timeout_s: float = Field(
         60.0,

@@ -36,7 +36,18 @@ def test_worker_reserves_gpus_and_shares_the_data_volume_with_the_api() -> None:
     # for a job's code, which runs under the worker, to find.
     assert "TRAINYARD_API_TOKEN" not in services["worker"]["environment"]
     assert services["worker"]["depends_on"]["api"]["condition"] == "service_healthy"
-    assert services["worker"]["healthcheck"]["test"][-1] == "workers.healthcheck"
+    assert services["worker"]["healthcheck"]["test"][-1] == "workers.supervisor.healthcheck"
+
+
+def test_the_worker_starts_jobs_as_an_account_of_their_own() -> None:
+    """The API runs as the image's user; the worker as root only to start each job as
+    trainyard-job, an account the image makes with no home and no shell."""
+    services = compose()["services"]
+    assert "user" not in services["api"]
+    assert services["worker"]["user"] == "0:0"
+    assert services["worker"]["environment"]["TRAINYARD_JOB_USER"] == "trainyard-job"
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "--shell /usr/sbin/nologin" in dockerfile and "trainyard-job" in dockerfile
 
 
 def test_dockerfile_runs_as_non_root_with_a_healthcheck() -> None:

@@ -25,7 +25,7 @@ def test_api_never_imports_torch_or_workers() -> None:
 
 def test_the_worker_starts_its_zygote_before_it_imports_torch() -> None:
     # The zygote's imports and the worker's own then run at once, not one after the other.
-    check = "import sys, workers.supervisor; assert 'torch' not in sys.modules"
+    check = "import sys, workers.supervisor.loop; assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
@@ -63,3 +63,73 @@ def test_the_import_finder_sees_imports_inside_functions(tmp_path: Path) -> None
     source = tmp_path / "m.py"
     source.write_text("def f():\n    import torch.nn\n    from workers import runner\n")
     assert _imported_packages(source) == [(2, "torch"), (3, "workers")]
+
+
+WORKERS = Path(__file__).resolve().parents[1] / "workers"
+# The job's side: the runner of an attempt, its ranks, a script's launch. They run as the
+# job's account beside the job's code, and hold no credential: nothing there may reach
+# the database, the API (with the worker's token) or the supervisor's modules.
+JOB_SIDE = ("runner", "ranks", "script")
+NEVER_ON_THE_JOB_SIDE = ("service.store", "service.db", "workers.supervisor", "httpx")
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in a file, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_the_job_side_imports_nothing_that_reaches_the_database_or_the_api() -> None:
+    offenders = [
+        f"{path.relative_to(WORKERS.parent)}:{line} imports {module}"
+        for package in JOB_SIDE
+        for path in sorted((WORKERS / package).rglob("*.py"))
+        for line, module in _imported_modules(path)
+        if module.startswith(NEVER_ON_THE_JOB_SIDE)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_supervisor_imports_nothing_of_the_job_side() -> None:
+    offenders = [
+        f"{path.relative_to(WORKERS.parent)}:{line} imports {module}"
+        for path in sorted((WORKERS / "supervisor").rglob("*.py"))
+        for line, module in _imported_modules(path)
+        if module.startswith(tuple(f"workers.{p}" for p in JOB_SIDE))
+    ]
+    assert not offenders, offenders
+
+
+def test_no_supervisor_module_imports_torch_as_it_is_imported() -> None:
+    """Each module of the supervisor's package, imported alone, leaves torch unloaded (the
+    zygote imports it meanwhile); it imports torch only inside functions that need it."""
+    modules = sorted(
+        "workers.supervisor." + path.relative_to(WORKERS / "supervisor").with_suffix("").as_posix()
+        for path in (WORKERS / "supervisor").rglob("*.py")
+        if path.name != "__init__.py"
+    )
+    check = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "assert 'torch' not in sys.modules, sorted(sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_runner_imports_torch_only_once_its_walls_are_up() -> None:
+    """A cold runner enters a user namespace after its imports; torch starts a thread as
+    it is imported, and a process with threads cannot: so its module must not pull it."""
+    check = (
+        "import os, sys, workers.runner.main\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert len(os.listdir('/proc/self/task')) == 1\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -5,15 +5,15 @@ holds those; a runner, and every process of the job's code under it, reports thr
 files the supervisor reads (``workers.points_file``, ``JobFiles``).
 
 The supervisor writes the hand-off from a thread once it has fetched and placed the
-job's blobs (``workers.inputs``), and the runner waits for it, reading its stdin to the
+job's blobs (``workers.supervisor.inputs``), and the runner waits for it, reading its stdin to the
 end before anything else: so the runner starts at once, its lease renewed meanwhile,
 while a large package is still on its way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import pwd
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,29 @@ from pydantic import BaseModel
 
 from service.models import Job
 from service.settings import Settings
+
+
+class JobAccount(BaseModel):
+    """The account a job's processes run as, where the worker runs as root
+    (``TRAINYARD_JOB_USER``): it can read the job's package and inputs and write its own
+    folder, and nothing of the worker's."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str = "/nonexistent"
+
+    @classmethod
+    def named(cls, name: str) -> JobAccount:
+        """The account of that name on this box; ValueError if there is none, or it is
+        root."""
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise ValueError(f"no account named {name!r} on this box") from None
+        if entry.pw_uid == 0 or entry.pw_gid == 0:
+            raise ValueError(f"the job account {name!r} is root's (uid or gid 0)")
+        return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
 
 class JobSettings(BaseModel):
@@ -58,12 +81,15 @@ class Handoff(BaseModel):
     settings: JobSettings
     package: Path | None = None  # the job's code package, unpacked, read-only
     inputs_error: dict[str, Any] | None = None  # why the inputs could not be placed
+    account: JobAccount | None = None  # run as this account (the worker is root)
+    isolate_network: bool = False  # a network of its own: loopback only
+    gpu_fraction: float | None = None  # a GPU share: the part of its GPU it may allocate
 
     @classmethod
-    def of(cls, job: Job, settings: Settings) -> Handoff:
+    def of(cls, job: Job, settings: Settings, **walls: Any) -> Handoff:
         """The job's row without its lease token (a runner writes nothing fenced)."""
         row = job.model_dump(mode="json", exclude={"lease_token"})
-        return cls(job=row, settings=JobSettings.of(settings))
+        return cls(job=row, settings=JobSettings.of(settings), **walls)
 
     def the_job(self) -> Job:
         return Job.model_validate(self.job)
@@ -88,8 +114,3 @@ def read_stdin() -> Handoff:
     os.dup2(devnull, 0)
     os.close(devnull)
     return Handoff.model_validate_json(data)
-
-
-def close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.artifacts import job_dir
+from service.models import Job
+from service.reasons import ReasonCode
+from workers.errors import NotRetryable
 
 MODEL_FILE = "model.safetensors"
 SPEC_FILE = "spec.json"
@@ -117,6 +120,19 @@ class JobFiles:
     def rank_errors(self, attempt: int) -> list[Path]:
         """Every rank's error report of an attempt, lowest rank first."""
         return sorted((self.root / self.runner).glob(f"attempt-{attempt}-rank-*-error.json"))
+
+
+def shared_checkpoints(job: Job, shared_dir: Path | None) -> str | None:
+    """A job across boxes' checkpoint folder, in the folder every box shares (None for a
+    job on one box: its own folder's)."""
+    if job.nodes == 1:
+        return None
+    if shared_dir is None:  # the supervisor joins no gang without one
+        raise NotRetryable(
+            ReasonCode.bad_spec, "a job across boxes needs TRAINYARD_SHARED_DIR on its workers"
+        )
+    assert job.id is not None
+    return str(JobFiles.of(shared_dir, job.id).checkpoints)
 
 
 def runner_dir(node: int | None) -> str:

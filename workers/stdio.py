@@ -9,7 +9,7 @@ import sys
 from typing import TextIO
 
 # The longest log line, in characters, prefix included: longer output is relayed in pieces
-# of this size, so neither the prefixer nor the supervisor's pump (``workers.attempt``,
+# of this size, so neither the prefixer nor the supervisor's pump (``workers.supervisor.attempt``,
 # which reads at most this many bytes at a time) holds more than this of one line.
 MAX_LINE_CHARS = 8192
 

@@ -1,6 +1,6 @@
 """A warm process that forks runners: torch is imported once, not once per attempt.
 
-A fresh ``python -m workers.runner`` pays ~2 s to import torch before its first step,
+A fresh ``python -m workers.runner.main`` pays ~2 s to import torch before its first step,
 and DDP pays it again in every spawned rank. The supervisor instead starts this zygote
 once; it imports torch and the training code (never touching CUDA, so forking stays
 safe) and forks a runner per request. Each child leads its own session, so its process
@@ -45,7 +45,11 @@ PRELOAD = (
     "torch.nn.parallel",
     "torch._dynamo",
     "safetensors.torch",
-    "workers.runner",
+    "workers.runner.main",
+    # what the runner imports only once its walls are up (workers.runner.main)
+    "workers.runner.environment",
+    "workers.ranks.strategies",
+    "workers.ranks.multinode",
 )
 MAX_MESSAGE_BYTES = 1 << 20
 # Set in a forked runner: its DDP ranks fork from it too, warm, instead of re-importing.

@@ -103,7 +103,7 @@ def worker(
     import logging
 
     # The composition root: the API modules never import workers or torch; this command does.
-    from workers.supervisor import Supervisor
+    from workers.supervisor.loop import Supervisor
 
     settings = Settings()
     keep_private(settings)  # inherited by the zygote, runners, ranks and scripts

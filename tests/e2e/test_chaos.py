@@ -21,10 +21,10 @@ from safetensors.torch import load
 
 from tests.e2e.conftest import one_database
 from tests.stack import RECIPES_DIR, REPO, Stack, running_stack, wait_for
-from workers import strategies
 from workers.jobfiles import MODEL_FILE
 from workers.procfs import group_members
-from workers.training import RunSpec
+from workers.ranks import strategies
+from workers.ranks.training import RunSpec
 
 pytestmark = pytest.mark.slow
 # What happens to a job's processes (a killed rank, a timeout, a stall): the worker's

@@ -16,7 +16,7 @@ from service.cli.jobs import PACKAGE_WARN_BYTES
 from service.migrate import head_revision
 from tests.e2e.conftest import one_database
 from tests.stack import RECIPES_DIR, REPO, Stack, free_port, running_stack, stack_env, wait_for
-from tests.workers.test_venvs import make_wheel
+from tests.workers.script.test_venvs import make_wheel
 
 pytestmark = pytest.mark.slow
 # The CLI talks HTTP: which database the server uses is the API's tests' concern.

@@ -11,8 +11,8 @@ from safetensors.torch import load
 from tests.e2e.conftest import one_database
 from tests.stack import Stack, wait_for
 from workers.procfs import group_members
+from workers.ranks.training import evaluate
 from workers.recipes import load_recipes
-from workers.training import evaluate
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from tests.e2e.conftest import one_database
 from tests.e2e.test_chaos import job_weights
 from tests.scripts import EXAMPLES, digits_file, put_blob, put_package
 from tests.stack import Stack, wait_for
-from tests.workers.test_strategies import relative_difference
+from tests.workers.ranks.test_strategies import relative_difference
 
 # The examples run on both databases; what happens to a script's processes and files
 # (a kill, SIGTERM, a cancel, a fetch) does not depend on the database, and each runs on

@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.test_chaos import job_weights
 from tests.gpu.cuda import accelerators, gpu_uuids, needs_cuda
 from tests.stack import Stack, running_stack, wait_for
-from tests.workers.test_strategies import relative_difference
+from tests.workers.ranks.test_strategies import relative_difference
 from workers import gpu
 from workers.procfs import group_members
 

@@ -88,8 +88,8 @@ def test_junit_outcomes_become_node_ids(tmp_path: Path) -> None:
     junit = tmp_path / "junit.xml"
     junit.write_text(
         """<testsuites><testsuite name="pytest">
-        <testcase classname="tests.workers.test_strategies" name="test_bf16[cuda]"
-            file="tests/workers/test_strategies.py" line="165" time="3.5" />
+        <testcase classname="tests.workers.ranks.test_strategies" name="test_bf16[cuda]"
+            file="tests/workers/ranks/test_strategies.py" line="165" time="3.5" />
         <testcase classname="tests.gpu.test_x.TestBox" name="test_y"
             file="tests/gpu/test_x.py" line="9" time="1.0">
             <skipped type="pytest.skip" message="needs a CUDA GPU: NVML sees none" /></testcase>
@@ -99,7 +99,7 @@ def test_junit_outcomes_become_node_ids(tmp_path: Path) -> None:
     )
     skip = "needs a CUDA GPU: NVML sees none"
     assert gpu_check.read_junit(junit) == [
-        Outcome("tests/workers/test_strategies.py::test_bf16[cuda]", "passed", 3.5),
+        Outcome("tests/workers/ranks/test_strategies.py::test_bf16[cuda]", "passed", 3.5),
         Outcome("tests/gpu/test_x.py::TestBox::test_y", "skipped", 1.0, skip),
         Outcome("tests.gpu.test_broken", "error", 0.0, "collection failure"),
     ]

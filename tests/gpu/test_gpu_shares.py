@@ -3,7 +3,7 @@ each asking for 2 GiB, run on the same GPU at once; the one that allocates past 
 share fails with an out-of-memory reason and its neighbours go on; the worker reports
 each job's memory on the GPU. Confined to the box's first GPU, so that all three share
 it on a box with several. The packing and the claim are tested on CPU boxes with a
-stand-in NVML (tests/workers/test_gpu_share.py, tests/service/test_gpu_shares.py)."""
+stand-in NVML (tests/workers/supervisor/test_gpu_share.py, tests/service/test_gpu_shares.py)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from tests.scripts import put_package
 from tests.service.test_store import CLAIM
 from tests.stack import Stack, running_stack
 from workers.outcome import RunnerReport, decide
-from workers.reporter import DbReporter
+from workers.supervisor.reporter import DbReporter
 
 HUGE = 2**70  # past any integer column, and past what SQLite can bind at all
 JOB = {"recipe": "tiny", "accelerator": "cpu"}
@@ -360,7 +360,7 @@ def test_a_checkpoints_point_that_is_no_longer_valid_is_dropped_on_resume() -> N
     """A checkpoint written before names were bounded may hold a 300-character metric
     name: resuming drops that point (the database would refuse it) rather than failing
     every attempt."""
-    from workers.training.checkpoint import _points
+    from workers.ranks.training.checkpoint import _points
 
     good = {"name": "train/loss", "step": 3, "epoch": 1, "value": 0.5, "time": 1.0}
     saved = [good, {**good, "name": "x" * 300}]

@@ -23,8 +23,8 @@ from service.models import Accelerator, Strategy
 from service.store import Claim, Fence
 from tests.standin_nvml import GIB, StandInNvml
 from workers import gpu
-from workers.attempt import Attempt
-from workers.devices import Box, gpu_devices
+from workers.supervisor.attempt import Attempt
+from workers.supervisor.devices import Box, gpu_devices
 
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(4)]
 JOB_PIDS = {301, 302}  # the attempt's processes, on physical GPUs 2 and 3

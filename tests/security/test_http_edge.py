@@ -301,7 +301,7 @@ def test_a_workers_default_api_address_is_one_the_api_answers_to(
 ) -> None:
     """Without API_URL a worker fetches blobs from the API on its own box: by an address it
     can connect to, and a Host the guard lets through."""
-    from workers.blob_cache import BlobCache
+    from workers.supervisor.blob_cache import BlobCache
 
     cache = BlobCache(Settings(host=host, api_token=TOKEN, data_dir=tmp_path))
     assert cache.api_url == url

@@ -41,9 +41,9 @@ from tests.scripts import put_package
 from tests.stack import REPO, Stack, running_stack, stack_env, wait_for
 from workers.env_allowlist import inherited
 from workers.handoff import Handoff
-from workers.launch import runner_env
-from workers.loopback import loopback_interface
 from workers.procfs import group_members
+from workers.runner.loopback import loopback_interface
+from workers.supervisor.launch import runner_env
 
 PROBE_RECIPES = Path(__file__).with_name("recipes")
 PROBE_SCRIPT = Path(__file__).with_name("probe_script")

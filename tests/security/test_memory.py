@@ -23,10 +23,10 @@ from service.models import Accelerator, JobStatus, Worker
 from service.reasons import ReasonCode
 from tests.scripts import put_package
 from tests.stack import RECIPES_DIR, running_stack, wait_for
-from workers.devices import Box
-from workers.memory_limit import MIN_PROCESS_BYTES, box_memory_bytes
 from workers.outcome import RunnerReport, decide
 from workers.recipes import load_recipes
+from workers.supervisor.devices import Box
+from workers.supervisor.memory import MIN_PROCESS_BYTES, box_memory_bytes
 
 GIB = 2**30
 

@@ -11,8 +11,8 @@ import sys
 from service.models import Strategy
 from service.store import Claim, Fence
 from tests.stack import wait_for
-from workers.attempt import Attempt
 from workers.stdio import MAX_LINE_CHARS, LinePrefixer
+from workers.supervisor.attempt import Attempt
 
 PREFIX = "[rank 0] "
 

@@ -12,7 +12,7 @@ def main(argv: list[str]) -> int:
     found = {
         "torch": "torch" in sys.modules,
         "dynamo": "torch._dynamo" in sys.modules,  # DDP's constructor would import it
-        "runner": "workers.runner" in sys.modules,
+        "runner": "workers.runner.main" in sys.modules,
     }
     from service.models import Job  # already imported: the runner needs it
 

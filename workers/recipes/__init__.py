@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from service.packages import RECIPES_MODULE
 
-if TYPE_CHECKING:  # the worker imports this before torch (see workers.supervisor)
+if TYPE_CHECKING:  # the worker imports this before torch (see workers.supervisor.loop)
     from torch import Tensor, nn
     from torch.utils.data import Dataset
 

@@ -1,0 +1,249 @@
+"""How runners start: forked from the warm zygote, or as fresh interpreters when there is
+none (turned off, or it cannot get warm here). Owns the zygote, its restarts and the
+count of its deaths, the environment every runner gets, and the hand-off on its stdin,
+written once the job's inputs are placed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from service.models import Job
+from service.settings import Settings
+from service.store import Claim
+from workers.env_allowlist import inherited, withheld
+from workers.errors import NotRetryable, describe
+from workers.handoff import Handoff
+from workers.jobfiles import JobFiles, shared_checkpoints
+from workers.supervisor import inputs
+from workers.supervisor.attempt import Attempt, Process
+from workers.supervisor.gangs import Start
+from workers.supervisor.gpu_share import ALLOC_CONF, alloc_conf
+from workers.supervisor.walls import Walls
+from workers.zygote import Zygote, ZygoteProcess
+
+log = logging.getLogger(__name__)
+
+# A zygote that died this many times in a row before it was warm, or is not warm after
+# this long, is given up: runners then start as fresh interpreters (slower, but they run).
+ZYGOTE_MAX_COLD_DEATHS = 3
+ZYGOTE_READY_TIMEOUT_S = 120.0
+
+
+class Launcher:
+    """Starts each attempt's runner in a new session; nothing runs until ``open``."""
+
+    def __init__(self, settings: Settings, *, notify: Callable[[], None]) -> None:
+        """``notify`` is called (from a thread) when the zygote is warm, one of its
+        children exits, it dies, or it is given up: the supervisor wakes then."""
+        self.settings = settings
+        self._notify = notify
+        self.zygote: Zygote | None = None
+        self._zygote_started = 0.0
+        self._zygote_deaths = 0  # in a row, before it was warm
+        self._cold_start = not settings.warm_start  # or: the zygote cannot get warm here
+        self._env: dict[str, str] = {}
+
+    def open(self) -> None:
+        """Take the runners' environment from this process's, and start the zygote."""
+        self._env = runner_env()
+        if withheld():
+            log.warning(
+                "%s carr%s a password in a URL: jobs (and their pip) start without it",
+                ", ".join(withheld()),
+                "ies" if len(withheld()) == 1 else "y",
+            )
+        self.warm()
+
+    def ready(self) -> bool:
+        """Whether a runner started now starts at once: the zygote is warm, or runners
+        start cold. (Before the zygote is warm a runner would wait seconds for its
+        imports, with its job's lease running.)"""
+        zygote = self.warm()
+        return zygote is None or zygote.ready()
+
+    def warm(self) -> Zygote | None:
+        """The zygote to fork runners from (restarted if it died); None when turned off,
+        or when it cannot get warm here: then runners start as fresh interpreters."""
+        if self._cold_start:
+            return None
+        now = time.monotonic()
+        if self.zygote is not None and self.zygote.alive():
+            if self.zygote.ready() or now - self._zygote_started < ZYGOTE_READY_TIMEOUT_S:
+                return self.zygote
+            self._start_cold(f"zygote not warm after {ZYGOTE_READY_TIMEOUT_S:.0f}s")
+            return None
+        if self.zygote is not None:
+            log.warning("zygote exited with %s; starting a new one", self.zygote.proc.returncode)
+            self._zygote_deaths = 0 if self.zygote.ready() else self._zygote_deaths + 1
+            if self._zygote_deaths >= ZYGOTE_MAX_COLD_DEATHS:
+                self._start_cold(f"zygote died {self._zygote_deaths} times before warm")
+                return None
+        self.zygote = Zygote(self._env, notify=self._notify)
+        self._zygote_started = now
+        return self.zygote
+
+    def _start_cold(self, why: str) -> None:
+        """Give up on the zygote for good: a job must not wait for one that cannot start."""
+        log.error("%s; starting runners as fresh interpreters from now on", why)
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+        self._cold_start = True
+        self._notify()
+
+    def start(
+        self,
+        claim: Claim,
+        job: Job,
+        devices: list[int],
+        *,
+        accelerator: str,
+        threads: int,
+        claimed_at: float,
+        gpus: list[str] | None = None,
+        memory_limit: int | None = None,
+        gpu_memory_fraction: float | None = None,
+        on_exit: Callable[[], None] | None = None,
+        node: Start | None = None,
+        walls: Walls | None = None,
+    ) -> Attempt:
+        """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
+        ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
+        ``memory_limit``: bytes each of its processes may hold (``Box.memory_limit``);
+        ``gpu_memory_fraction``: the part of its GPU a job sharing one may allocate;
+        ``node``: this worker's node of a job across boxes; ``walls``: what keeps the
+        job from the box (none given: it runs as this worker, on the box's network)."""
+        # A job handed back keeps its attempt number: what its last run left must not
+        # speak for this one (a stale "preempted" would hand a crashed runner back again).
+        place = None if node is None else node.node
+        files = JobFiles.of(self.settings.data_dir, claim.fence.job_id, place)
+        files.clear_attempt(claim.fence.attempt)
+        args = [
+            "--job-id", str(claim.fence.job_id),
+            "--attempt", str(claim.fence.attempt),
+            "--accelerator", accelerator,
+            "--threads", str(threads),
+        ]  # fmt: skip
+        if memory_limit is not None:
+            args += ["--memory-limit", str(memory_limit)]
+        if node is not None:
+            args += ["--node", str(node.node), "--rendezvous", node.rendezvous]
+            args += ["--node-workers", ",".join(node.workers)]
+        env = {
+            **self._env,
+            "PYTHONUNBUFFERED": "1",  # lines reach the logs as printed, even on a crash
+        }
+        if accelerator == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus or [])
+        if gpu_memory_fraction is not None:  # every process of the job reads it
+            env[ALLOC_CONF] = alloc_conf(env.get(ALLOC_CONF), gpu_memory_fraction)
+        # The job and its settings go on stdin, once its inputs are placed (a fetch may
+        # take minutes: the runner waits for it, its lease renewed meanwhile).
+        stdin, hand_off = os.pipe()
+        try:
+            process, stdout, stderr = self._spawn(args, env, stdin)
+        except BaseException:
+            os.close(hand_off)
+            raise
+        finally:
+            os.close(stdin)
+        walls = walls or Walls(None, False, "")
+        isolated = walls.network and node is None  # a job across boxes uses the network
+        threading.Thread(
+            target=self._hand_off,
+            args=(hand_off, job, files, walls, isolated, gpu_memory_fraction),
+            name=f"hand-off-{claim.fence.job_id}",
+            daemon=True,
+        ).start()
+        return Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+
+    def _hand_off(
+        self,
+        fd: int,
+        job: Job,
+        files: JobFiles,
+        walls: Walls,
+        isolated: bool,
+        gpu_fraction: float | None,
+    ) -> None:
+        """Place the job's inputs and hand its folder to its account, then write the
+        runner's hand-off (or why that failed: the runner reports it as the attempt's
+        failure)."""
+        try:
+            handoff = Handoff.of(
+                job,
+                self.settings,
+                account=walls.account,
+                isolate_network=isolated,
+                gpu_fraction=gpu_fraction,
+            )
+            try:
+                handoff.package, reads = inputs.place(self.settings, job, files)
+                walls.hand_over(files.root, reads, self._shared_folder(job))
+            except Exception as exc:
+                log.warning("job %s: its inputs could not be placed: %s", job.id, exc)
+                handoff.inputs_error = describe(exc)
+        except BaseException:
+            os.close(fd)  # the runner reads no hand-off, and fails saying so
+            raise
+        handoff.write(fd)
+
+    def _shared_folder(self, job: Job) -> Path | None:
+        """A job across boxes' checkpoint folder, in the folder every box shares."""
+        try:
+            shared = shared_checkpoints(job, self.settings.shared_dir)
+        except NotRetryable:
+            return None  # the runner says so
+        return None if shared is None else Path(shared)
+
+    def _spawn(
+        self, args: list[str], env: dict[str, str], stdin: int
+    ) -> tuple[Process, IO[bytes], IO[bytes]]:
+        """The runner in a session of its own: forked from the zygote, or a fresh
+        interpreter; with the pipes its output comes through."""
+        zygote = None if self._cold_start else self.zygote
+        if zygote is None:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "workers.runner.main", *args],
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # the runner leads its own process group
+            )
+            assert popen.stdout is not None and popen.stderr is not None
+            return popen, popen.stdout, popen.stderr
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = zygote.spawn("workers.runner.main", args, env, stdin, out_w, err_w)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        stdout, stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 (the pumps close them)
+        return ZygoteProcess(zygote, pid), stdout, stderr
+
+    def close(self) -> None:
+        """Stop the zygote (runners, each in its own session, are not affected)."""
+        if self.zygote is not None:
+            self.zygote.close()
+
+
+def runner_env() -> dict[str, str]:
+    """A job's allow-list of this worker's environment (no TRAINYARD_ setting, so neither
+    the database URL nor the API token: the runner reads its settings from its stdin)."""
+    env = inherited()
+    if "PYTHONPATH" in os.environ:  # the runner imports the worker's own code, as it does
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    # torch counts GPUs through NVML then, without initialising CUDA: a runner must
+    # not initialise it before forking its ranks.
+    env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    return env
