@@ -26,7 +26,8 @@ from tests.stack import REPO, wait_for
 log = logging.getLogger("compose_check")
 
 PROJECT = "trainyard-check"
-IMAGE_UID = "10001"  # the Dockerfile's USER
+IMAGE_UID = "10001"  # the Dockerfile's USER: the API
+JOB_UID = "10002"  # trainyard-job: the worker (root) runs each job as it
 UP_TIMEOUT_S = 300  # healthchecks: the api's every 10 s, the worker's every 15 s
 JOB_TIMEOUT_S = 300.0
 # A job that trains for about half a minute on two cores: long enough to be stopped in.
@@ -133,8 +134,8 @@ def check_sqlite(stack: Compose) -> None:
     def up() -> str:
         stack.up()
         uids = {service: stack.uids(service) for service in ("api", "worker")}
-        assert all(found == {IMAGE_UID} for found in uids.values()), uids
-        return f"api and worker healthy, every process uid {IMAGE_UID}"
+        assert uids == {"api": {IMAGE_UID}, "worker": {"0"}}, uids
+        return f"api and worker healthy: the api's processes uid {IMAGE_UID}, the worker's 0"
 
     job_id = 0
 
@@ -163,7 +164,7 @@ def check_sqlite(stack: Compose) -> None:
     def stop() -> str:
         running = stack.submit(LONG_JOB)
         stack.wait_job(running, lambda j: (j["progress"] or {}).get("epoch", 0) >= 2, "epoch 2")
-        assert stack.uids("worker") == {IMAGE_UID}  # the job's processes too
+        assert stack.uids("worker") == {"0", JOB_UID}  # the job's processes as trainyard-job
         stack("stop")
         worker = stack.state("worker")
         assert worker["ExitCode"] == 0 and not worker["OOMKilled"], worker  # not SIGKILLed

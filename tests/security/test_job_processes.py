@@ -1,4 +1,4 @@
-"""A running job as other local users and the network see it (issue 16, items 5, 6, 8).
+"""A running job as other local users and the network see it, where jobs share the box's network.
 
 Threats: anyone who can reach a port on the box's network interfaces; other local users
 (who see every process's command line in ``ps`` and read whatever files their modes

@@ -1,4 +1,4 @@
-"""A job's output on its way to log lines (issue 16 item 14): the ranks' line prefixer and
+"""A job's output on its way to log lines: the ranks' line prefixer and
 the supervisor's pump hold at most a line's worth of output without a newline (a progress
 bar's ``\\r`` redraws), and relay it in pieces as it comes."""
 

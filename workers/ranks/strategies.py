@@ -23,10 +23,10 @@ import torch.multiprocessing as mp
 from pydantic import BaseModel
 from torch import nn
 
-from service.models import Strategy
 from workers.errors import describe
 from workers.jobfiles import write_atomic
 from workers.outcome import RunnerReport, how_it_ended
+from workers.plan import Launch
 from workers.ranks import bootstrap
 from workers.ranks.training import Preempted, Reports, RunSpec, Sink, Trainer
 from workers.recipes import Recipe, load_package_recipes, load_recipes
@@ -56,7 +56,7 @@ def run(
     """
     if recipe is None or params is None:
         recipe, params = load(spec)
-    if spec.strategy == Strategy.ddp:
+    if spec.plan.launch == Launch.local_ranks:
         return _run_ddp(spec, recipe, params, reports, gpu_fraction)
     device = bootstrap.place(spec, local_rank=0, gpu_fraction=gpu_fraction)
     with _opened(reports) as sink:
@@ -77,11 +77,11 @@ def wrapper(spec: RunSpec, device: torch.device) -> Callable[[nn.Module], nn.Mod
     cuda = device.type == "cuda"
 
     def wrap(model: nn.Module) -> nn.Module:
-        if spec.strategy == Strategy.ddp:
+        if spec.plan.distributed:
             return nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if cuda else None
             )
-        if spec.strategy == Strategy.dp and cuda:
+        if spec.plan.data_parallel and cuda:
             return nn.DataParallel(model, device_ids=list(range(spec.devices)))
         # dp on CPU trains the module itself: DataParallel is a pass-through on a box
         # without CUDA, and on a box with it, it would move the module to a GPU.

@@ -24,12 +24,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.models import Job, Strategy
+from service.models import Job
 from service.reasons import ReasonCode
 from workers.errors import Described, NotRetryable, describe
 from workers.handoff import Handoff, JobSettings, read_stdin
 from workers.jobfiles import JobFiles, write_atomic
 from workers.outcome import RunnerReport
+from workers.plan import Launch
 from workers.points_file import PointsFile
 from workers.runner import confine
 from workers.runner.limits import limit_memory
@@ -179,7 +180,7 @@ def prepare(
         node=args.node,
     )
     _record(spec.files, args.attempt, environment.record(spec, recipe, worker_id=job.worker_id))
-    if spec.strategy != Strategy.ddp:  # rank 0 trains in this process
+    if spec.plan.launch == Launch.in_process:  # rank 0 trains in this process
         prefix_stdio("[rank 0] ", args.job_id)
     log.info(
         "attempt %d: %s on %d %s device(s)",

@@ -27,13 +27,14 @@ import threading
 from pathlib import Path
 
 from service.jobspec import resolve_strategy
-from service.models import Job, Strategy
+from service.models import Job
 from service.reasons import ReasonCode
 from workers.env_allowlist import inherited
 from workers.errors import ran_out_in
 from workers.handoff import JobSettings
 from workers.jobfiles import JobFiles, shared_checkpoints
 from workers.outcome import RunnerReport
+from workers.plan import Launch, LaunchPlan
 from workers.points_file import PointsFile
 from workers.runner.loopback import LOOPBACK, one_box_env
 from workers.runner.node import Node
@@ -84,7 +85,8 @@ def prepare(
         )
     program, *args = job.entrypoint
     argv = [python if program in PYTHON_NAMES else program, *args]
-    if resolve_strategy(job.strategy, job.devices) != Strategy.ddp:
+    plan = LaunchPlan.of(resolve_strategy(job.strategy, job.devices), job.devices, job.nodes)
+    if plan.launch == Launch.in_process:
         return Script(argv, package, env, metrics)
     return Script(
         argv,

@@ -85,7 +85,7 @@ def test_the_readme_example_recipe_trains(tmp_path: Path) -> None:
 def test_a_broken_file_or_a_dot_file_is_skipped_and_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 16 item 14: one of them used to stop the worker from starting at all."""
+    """A recipe file that fails to import once stopped the worker from starting at all."""
     (tmp_path / "echo.py").write_text(RECIPE)
     (tmp_path / "typo.py").write_text("def broken(:\n")
     (tmp_path / "raises.py").write_text("import os\n\nraise RuntimeError('no GPU driver')\n")

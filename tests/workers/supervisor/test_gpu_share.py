@@ -1,4 +1,4 @@
-"""Small jobs sharing a big GPU (issue 17 item 4), on the worker's side: where a share
+"""Small jobs sharing a big GPU, on the worker's side: where a share
 goes, what it may allocate, and what each job uses.
 
 No GPU runs here: the worker's GPUs are a stand-in device list and NVML

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from service.models import Optimizer, Precision, Strategy
+from service.models import Optimizer, Precision
 from workers.ranks.training import checkpoint
 from workers.ranks.training.checkpoint import Position
 from workers.ranks.training.data import ResumableSampler, batches
@@ -54,7 +54,7 @@ class Trainer:
         wrap: Callable[[nn.Module], nn.Module],
     ) -> None:
         self.rank, self.spec, self.recipe, self.device = rank, spec, recipe, device
-        self.distributed = spec.strategy == Strategy.ddp
+        self.distributed = spec.plan.distributed
         train_set, self.val_set = recipe.build_datasets(params, spec.seed)
 
         torch.manual_seed(spec.seed)  # the same initial weights on every rank and strategy

@@ -15,11 +15,12 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel
 
-from service.jobspec import resolve_accelerator, resolve_strategy, strategy_problem, world_size
+from service.jobspec import resolve_accelerator, resolve_strategy, strategy_problem
 from service.models import Accelerator, Job, Optimizer, Precision, Strategy
 from service.reasons import ReasonCode
 from workers.errors import NotRetryable
 from workers.jobfiles import JobFiles, runner_dir, shared_checkpoints
+from workers.plan import LaunchPlan
 from workers.recipes import Recipe
 
 
@@ -60,8 +61,13 @@ class RunSpec:
             object.__setattr__(self, name, enum(getattr(self, name)))
 
     @property
+    def plan(self) -> LaunchPlan:
+        """How its processes start (``workers.plan``): ask it, not the strategy."""
+        return LaunchPlan.of(self.strategy, self.devices, self.nodes)
+
+    @property
     def world_size(self) -> int:
-        return world_size(self.strategy, self.devices, self.nodes)
+        return self.plan.world_size
 
     @property
     def files(self) -> JobFiles:
