@@ -105,17 +105,13 @@ class JobFiles:
     def rank_error(self, attempt: int, rank: int) -> Path:
         return self.root / self.runner / f"attempt-{attempt}-rank-{rank}-error.json"
 
-    def clear_attempt(self, attempt: int) -> None:
-        """Remove the hand-offs an earlier run of this attempt number left behind."""
-        hand_offs = (
-            self.outcome(attempt),
-            self.result(attempt),
-            self.metrics_file(attempt),
-            self.points(attempt),
-            self.environment(attempt),
-        )
-        for path in (*hand_offs, *self.rank_errors(attempt)):
-            path.unlink(missing_ok=True)
+    def hand_off(self, name: str, attempt: int) -> bool:
+        """Whether a file of the hand-offs folder is one of attempt ``attempt``'s (what an
+        earlier run of that attempt number left is removed before it starts again)."""
+        prefix = f"attempt-{attempt}"
+        own = {f"{prefix}.json", f"{prefix}-result.json", f"{prefix}-metrics.jsonl",
+               f"{prefix}-points.jsonl", f"{prefix}-environment.json"}  # fmt: skip
+        return name in own or (name.startswith(f"{prefix}-rank-") and name.endswith("-error.json"))
 
     def rank_errors(self, attempt: int) -> list[Path]:
         """Every rank's error report of an attempt, lowest rank first."""

@@ -48,8 +48,16 @@ class RunnerReport:
     def read(cls, path: Path) -> RunnerReport | None:
         """The report, or None when the runner died before writing it."""
         try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            return cls.parse(path.read_bytes())
+        except OSError:
+            return None
+
+    @classmethod
+    def parse(cls, data: bytes) -> RunnerReport | None:
+        """The report these bytes hold, or None when they hold none."""
+        try:
+            return cls(**json.loads(data))
+        except (ValueError, TypeError):
             return None
 
 

@@ -17,7 +17,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,19 +104,35 @@ def _required(value: float | None, key: str) -> float:
 
 
 class PointsReader:
-    """The supervisor's side: the points appended since the last look, whole lines only."""
+    """The supervisor's side: the points appended since the last look, whole lines only.
+    ``read_at(offset, limit)``: the file's bytes from there (None while there is no file);
+    by default a plain read of ``path`` (the supervisor's reads it never through a link)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, read_at: Callable[[int, int], bytes | None] | None = None
+    ) -> None:
         self.path = path
+        self.read_at = read_at or self._read_at
         self.offset = 0
         self.skipped = 0  # lines that held no point
 
-    def read(self) -> list[MetricPoint | ProgressPoint]:
+    def _read_at(self, offset: int, limit: int) -> bytes | None:
         try:
             with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read(MAX_READ_BYTES)
+                f.seek(offset)
+                return f.read(limit)
         except FileNotFoundError:
+            return None
+
+    def read(self) -> list[MetricPoint | ProgressPoint]:
+        try:
+            chunk = self.read_at(self.offset, MAX_READ_BYTES)
+        except OSError as exc:  # a link in its place (the job's doing): nothing to read
+            self.skipped += 1
+            if self.skipped <= 3:
+                log.warning("%s: not read (%s)", self.path, exc)
+            return []
+        if chunk is None:
             return []
         end = chunk.rfind(b"\n") + 1  # a line still being written waits for its end
         if end == 0 and len(chunk) >= MAX_READ_BYTES:

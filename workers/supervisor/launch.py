@@ -22,7 +22,7 @@ from workers.env_allowlist import inherited, withheld
 from workers.errors import NotRetryable, describe
 from workers.handoff import Handoff
 from workers.jobfiles import JobFiles, shared_checkpoints
-from workers.supervisor import inputs
+from workers.supervisor import inputs, nofollow
 from workers.supervisor.attempt import Attempt, Process
 from workers.supervisor.gangs import Start
 from workers.supervisor.gpu_share import ALLOC_CONF, alloc_conf
@@ -125,7 +125,7 @@ class Launcher:
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         place = None if node is None else node.node
         files = JobFiles.of(self.settings.data_dir, claim.fence.job_id, place)
-        files.clear_attempt(claim.fence.attempt)
+        _clear_attempt(files, claim.fence.attempt)
         args = [
             "--job-id", str(claim.fence.job_id),
             "--attempt", str(claim.fence.attempt),
@@ -247,3 +247,15 @@ def runner_env() -> dict[str, str]:
     # not initialise it before forking its ranks.
     env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     return env
+
+
+def _clear_attempt(files: JobFiles, attempt: int) -> None:
+    """Remove what an earlier run of this attempt number left in the hand-offs folder,
+    never through a link (the job's account may own the folder)."""
+    folder = files.root / files.runner
+    try:
+        for name in nofollow.listdir(files.root, folder):
+            if files.hand_off(name, attempt):
+                nofollow.unlink(files.root, folder / name)
+    except OSError as exc:  # a link where the folder was: the job's own doing
+        log.warning("%s: earlier hand-offs not cleared: %s", folder, exc)

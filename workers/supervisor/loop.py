@@ -33,7 +33,7 @@ from workers.jobfiles import JobFiles
 from workers.outcome import RunnerReport, StopReason, decide
 from workers.points_file import PointsReader
 from workers.recipes import Recipe, SkippedSource, find_recipes
-from workers.supervisor import gpu_share
+from workers.supervisor import gpu_share, nofollow
 from workers.supervisor.attempt import Attempt
 from workers.supervisor.devices import Box
 from workers.supervisor.gangs import Gangs, Start
@@ -55,6 +55,8 @@ POLL_INTERVAL_S = 0.05
 BUSY_WAIT_S = 0.5
 # With LISTEN/NOTIFY (PostgreSQL) an idle worker polls only this often, as a fallback.
 NOTIFIED_FALLBACK_POLL_S = 1.0
+# A runner's report is a few KiB (an error's traceback tail); past this it is not one.
+MAX_REPORT_BYTES = 2**20
 # Lease, heartbeat, kill grace, stall and reservation times are operator settings
 # (service/settings.py); the keyword arguments below override them in tests.
 
@@ -397,9 +399,13 @@ class Supervisor:
             on_lease_lost=partial(attempt.lose_lease, "the store refused its points"),
             flushed_marker=files.flushed_marker,
             lease_s=self.settings.lease_s,
-            source=PointsReader(files.points(claim.fence.attempt)),
+            source=PointsReader(
+                files.points(claim.fence.attempt),
+                partial(_read_below, files.root, files.points(claim.fence.attempt)),
+            ),
             environment=files.environment(claim.fence.attempt),
             marker_owner=None if account is None else (account.uid, account.gid),
+            job_folder=files.root,
         ).start()
         self.attempts[claim.fence.job_id] = attempt
         return attempt
@@ -469,9 +475,8 @@ class Supervisor:
         if stop == StopReason.lease_lost:
             return True  # the job is another worker's now; we may not write about it
         fence = attempt.fence
-        report = RunnerReport.read(
-            JobFiles.of(self.settings.data_dir, fence.job_id, attempt.node).outcome(fence.attempt)
-        )
+        files = JobFiles.of(self.settings.data_dir, fence.job_id, attempt.node)
+        report = _report(files, fence.attempt)
         outcome = decide(
             stop,
             report,
@@ -498,9 +503,10 @@ class Supervisor:
         else:
             store.finish_attempt(self.engine, fence, outcome)
         log.info("job %s: attempt %d %s", attempt.job_id, fence.attempt, outcome.reason_message)
-        self.walls.take_back(
-            JobFiles.of(self.settings.data_dir, fence.job_id).root, self._cache_dir / "venvs"
-        )
+        try:
+            self.walls.take_back(files.root, self._cache_dir / "venvs")
+        except OSError:  # the outcome is recorded; the folder stays the job account's
+            log.exception("job %s: its folder could not be taken back", attempt.job_id)
         return True
 
     def _shutdown(self) -> None:
@@ -524,3 +530,18 @@ class Supervisor:
         self.database.call(partial(catalog.worker_stopped, self.engine, self.worker_id))
         self.engine.dispose()
         self.launcher.close()
+
+
+def _read_below(root: Path, path: Path, offset: int, limit: int) -> bytes | None:
+    return nofollow.read(root, path, limit, offset)
+
+
+def _report(files: JobFiles, attempt: int) -> RunnerReport | None:
+    """How the runner says the attempt ended: its file in the job's folder, read never
+    through a link (the job's account may have put one there)."""
+    try:
+        data = nofollow.read(files.root, files.outcome(attempt), MAX_REPORT_BYTES)
+    except OSError as exc:
+        log.warning("job folder %s: attempt %d's report not read: %s", files.root, attempt, exc)
+        return None
+    return None if data is None else RunnerReport.parse(data)

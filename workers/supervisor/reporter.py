@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -25,6 +24,7 @@ from service.points import MetricPoint, ProgressPoint
 from service.store import Fence
 from workers.jobfiles import write_atomic
 from workers.points_file import PointsReader
+from workers.supervisor import nofollow
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,14 @@ class DbReporter:
         source: PointsReader | None = None,
         environment: Path | None = None,
         marker_owner: tuple[int, int] | None = None,
+        job_folder: Path | None = None,
     ) -> None:
         self.engine = engine
         self.source = source
         self.environment = environment
         self.marker_owner = marker_owner  # (uid, gid) of the job's account, which reads it
+        # the job's own folder: what is below it is read and written never through a link
+        self.job_folder = job_folder
         self.fence = fence
         self.on_lease_lost = on_lease_lost
         self.flushed_marker = flushed_marker
@@ -118,13 +121,16 @@ class DbReporter:
         """Store the runner's environment record once it is whole on disk."""
         if self.environment is None:
             return
-        try:
-            with open(self.environment, "rb") as f:  # the job's own writing: bounded
-                record = json.loads(f.read(MAX_ENVIRONMENT_BYTES + 1))
+        try:  # the job's own writing: bounded, and never through a link
+            if self.job_folder is not None:
+                data = nofollow.read(self.job_folder, self.environment, MAX_ENVIRONMENT_BYTES + 1)
+            else:
+                data = self.environment.read_bytes() if self.environment.exists() else None
+            if data is None:
+                return
+            record = json.loads(data)
             if not isinstance(record, dict):
                 raise ValueError("not an object")
-        except FileNotFoundError:
-            return
         except (OSError, ValueError) as exc:  # written atomically: not a half file
             log.error("job %s: environment record not stored (%s)", self.fence.job_id, exc)
             self.environment = None
@@ -186,9 +192,13 @@ class DbReporter:
             self._lost()
         elif metrics and self.flushed_marker is not None:
             # Points arrive in step order: everything up to this step is stored now.
-            write_atomic(self.flushed_marker, str(max(m.step for m in metrics)))
-            if self.marker_owner is not None:
-                os.chown(self.flushed_marker, *self.marker_owner)
+            step = str(max(m.step for m in metrics))
+            if self.job_folder is not None:  # the job's folder: never through a link
+                nofollow.write(
+                    self.job_folder, self.flushed_marker, step.encode(), self.marker_owner
+                )
+            else:
+                write_atomic(self.flushed_marker, step)
         return True
 
     def _lost(self) -> None:

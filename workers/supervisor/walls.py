@@ -24,6 +24,7 @@ from typing import Any
 
 from service.settings import Settings
 from workers.handoff import JobAccount
+from workers.supervisor import nofollow
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +112,14 @@ class Walls:
         """Give the job's account its own folder (everything in it, from earlier attempts
         too; and ``shared``, a job across boxes' checkpoints) and read access to ``reads``
         (its package, its data files); nothing to do when jobs run as the worker's
-        account."""
+        account. Never through a link (``nofollow``): the folder may hold the job's."""
         if self.account is None:
             return
-        uid, gid = self.account.uid, self.account.gid
         for own in (job_folder, *([shared] if shared is not None else [])):
             own.mkdir(parents=True, exist_ok=True)
-            for folder, dirs, names in os.walk(own):
-                os.lchown(folder, uid, gid)
-                for name in (*dirs, *names):
-                    os.lchown(os.path.join(folder, name), uid, gid)
+            nofollow.chown_tree(own, self.account.uid, self.account.gid)
         for path in reads:
-            _readable_by(path.resolve(), gid)
+            _readable_by(path.resolve(), self.account.gid)
 
     def take_back(self, job_folder: Path, venvs: Path) -> None:
         """Once an attempt's last process is gone: its folder is the worker's again, so
@@ -130,15 +127,14 @@ class Walls:
         every virtualenv built whole meanwhile is sealed, readable, for every job."""
         if self.account is None:
             return
-        uid, gid = self.owner
         if job_folder.is_dir():
-            for folder, dirs, names in os.walk(job_folder):
-                os.lchown(folder, uid, gid)
-                for name in (*dirs, *names):
-                    os.lchown(os.path.join(folder, name), uid, gid)
+            nofollow.chown_tree(job_folder, *self.owner)
         for built in venvs.glob(f"*/{READY}"):
-            if built.parent.stat().st_uid == self.account.uid:
-                _seal(built.parent, self.account.gid)
+            try:
+                if built.parent.lstat().st_uid == self.account.uid:
+                    _seal(built.parent, self.account.gid)
+            except OSError as exc:  # swapped for a link meanwhile: left as it is
+                log.warning("virtualenv %s not sealed: %s", built.parent, exc)
 
 
 def _check_reachable(settings: Settings, account: JobAccount) -> None:
@@ -206,17 +202,19 @@ def _readable_by(path: Path, gid: int) -> None:
     """Make ``path`` (a file, or a folder and everything in it) readable by group ``gid``,
     never writable: a package or data file may be shared by several jobs."""
     if path.is_file():
-        os.chown(path, -1, gid)
+        os.chown(path, -1, gid, follow_symlinks=False)
         path.chmod(path.stat().st_mode & 0o750 | 0o040)
         return
-    for folder, _, names in os.walk(path):
-        os.chown(folder, -1, gid)
-        os.chmod(folder, os.stat(folder).st_mode & 0o755 | 0o050)
-        for name in names:
-            file = os.path.join(folder, name)
-            if not os.path.islink(file):
-                os.chown(file, -1, gid)
-                os.chmod(file, os.stat(file).st_mode & 0o755 | 0o040)
+    nofollow.chown_tree(path, os.geteuid(), gid)
+    nofollow.chmod_tree(path, lambda mode, folder: mode & 0o755 | (0o050 if folder else 0o040))
+
+
+def _seal(folder: Path, gid: int) -> None:
+    """The worker's own from now on, readable and runnable by the job account's group,
+    writable by no job. The folder is the worker's before anything in it is touched, so
+    no job can swap an entry meanwhile; and no link is ever followed (``nofollow``)."""
+    nofollow.chown_tree(folder, os.geteuid(), gid)  # top down: each folder first
+    nofollow.chmod_tree(folder, lambda mode, f: 0o750 if f or mode & 0o100 else 0o640)
 
 
 def probe(account: JobAccount | None = None) -> str | None:
@@ -239,21 +237,6 @@ def probe(account: JobAccount | None = None) -> str | None:
         return None
     lines = done.stderr.strip().splitlines()
     return lines[-1] if lines else f"exit status {done.returncode}"
-
-
-def _seal(folder: Path, gid: int) -> None:
-    """The worker's own from now on, readable and runnable by the job account's group,
-    writable by no job."""
-    uid = os.geteuid()
-    for top, dirs, names in os.walk(folder):
-        os.lchown(top, uid, gid)
-        os.chmod(top, 0o750)
-        for name in (*dirs, *names):
-            path = os.path.join(top, name)
-            os.lchown(path, uid, gid)
-            if not os.path.islink(path) and os.path.isfile(path):
-                mode = os.stat(path).st_mode
-                os.chmod(path, 0o750 if mode & 0o100 else 0o640)
 
 
 def _own_name() -> str:

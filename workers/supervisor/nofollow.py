@@ -1,0 +1,154 @@
+"""Files in a job's folder, as the supervisor touches them: never through a link.
+
+A job's account owns its folder while an attempt runs. It may plant a symbolic link
+there, or swap a folder for one while the supervisor walks it; a supervisor running as
+root that followed one would read, write, chown or chmod a file of the box's in its
+place (the job's "environment record" pointing at a credentials file, say, stored and
+shown to every user). So every path below a job's folder is opened one component at a
+time, relative to its parent's descriptor, with ``O_NOFOLLOW``: a link anywhere on the
+way is an error, never a detour. The job's folder itself sits in ``jobs/``, which only
+the worker can change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextmanager
+def _parent(root: Path, relative: Path) -> Iterator[int]:
+    """A descriptor of ``relative``'s folder below ``root``, reached without a link."""
+    fd = os.open(root, _DIR)
+    try:
+        for part in relative.parts[:-1]:
+            below = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read(root: Path, path: Path, limit: int, offset: int = 0) -> bytes | None:
+    """At most ``limit`` bytes of ``path`` (below ``root``) from ``offset``; None when it is
+    not there. A link on the way, or in its place: OSError (ELOOP)."""
+    relative = path.relative_to(root)
+    try:
+        with _parent(root, relative) as parent:
+            fd = os.open(relative.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        return f.read(limit)
+
+
+def write(root: Path, path: Path, data: bytes, owner: tuple[int, int] | None = None) -> None:
+    """``path`` (below ``root``) whole, by a new file renamed over it (a link in its place
+    is replaced, not followed); ``owner``: the (uid, gid) it is given."""
+    relative = path.relative_to(root)
+    tmp = f".{relative.name}.tmp-{os.getpid()}"
+    with _parent(root, relative) as parent:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=parent)  # whatever a job left there: an entry, not a target
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if owner is not None:
+                os.fchown(f.fileno(), *owner)
+        os.replace(tmp, relative.name, src_dir_fd=parent, dst_dir_fd=parent)
+
+
+def unlink(root: Path, path: Path) -> None:
+    """Remove ``path`` (below ``root``) if it is there; a link is removed, not followed."""
+    relative = path.relative_to(root)
+    try:
+        with _parent(root, relative) as parent:
+            os.unlink(relative.name, dir_fd=parent)
+    except FileNotFoundError:
+        pass
+
+
+def listdir(root: Path, folder: Path) -> list[str]:
+    """The names in ``folder`` (below ``root``, or ``root`` itself); none when it is not
+    there. A link on the way or in its place: OSError (ELOOP)."""
+    try:
+        if folder == root:
+            fd = os.open(root, _DIR)
+        else:
+            relative = folder.relative_to(root)
+            with _parent(root, relative) as parent:
+                fd = os.open(relative.name, _DIR, dir_fd=parent)
+    except FileNotFoundError:
+        return []
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def walk(root: Path, visit: Callable[[int, str | None], None]) -> None:
+    """Call ``visit(dir_fd, name)`` for every entry below ``root`` and
+    ``visit(dir_fd, None)`` for every folder (root included), never through a link: a
+    folder swapped for a link meanwhile is skipped. Links themselves are visited as
+    entries (``visit`` must not follow them)."""
+    stack = [os.open(root, _DIR)]
+    while stack:
+        fd = stack.pop()
+        try:
+            visit(fd, None)
+            for entry in os.scandir(fd):
+                if entry.is_dir(follow_symlinks=False):
+                    try:
+                        stack.append(os.open(entry.name, _DIR, dir_fd=fd))
+                    except OSError:  # gone, or a link by now: not followed
+                        continue
+                else:
+                    visit(fd, entry.name)
+        finally:
+            os.close(fd)
+
+
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Give ``root`` and everything below it to ``uid``:``gid``, links included (the
+    link itself), never following one."""
+
+    def give(fd: int, name: str | None) -> None:
+        if name is None:
+            os.fchown(fd, uid, gid)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+
+    walk(root, give)
+
+
+def chmod_tree(root: Path, mode: Callable[[int, bool], int]) -> None:
+    """Set every folder's and regular file's mode below ``root`` to ``mode(old, is_dir)``;
+    links and anything else are left alone, and never followed."""
+
+    def change(fd: int, name: str | None) -> None:
+        if name is None:
+            os.fchmod(fd, mode(os.fstat(fd).st_mode, True))
+            return
+        try:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            file = os.open(name, flags, dir_fd=fd)
+        except OSError:  # a link (ELOOP), or gone
+            return
+        try:
+            st = os.fstat(file)
+            if stat.S_ISREG(st.st_mode):
+                os.fchmod(file, mode(st.st_mode, False))
+        finally:
+            os.close(file)
+
+    walk(root, change)
