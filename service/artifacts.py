@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from service.errors import TrainyardError
 
@@ -34,13 +36,31 @@ def list_artifacts(data_dir: Path, job_id: int) -> list[dict[str, object]]:
     return sorted(found, key=lambda a: str(a["name"]))
 
 
-def artifact_path(data_dir: Path, job_id: int, name: str) -> Path:
-    """The file behind an artifact name; refuses anything outside the job's folder, and
-    any path through a symbolic link (its resolved path would differ from the plain one)."""
-    root = job_dir(data_dir, job_id).resolve()
-    plain = Path(os.path.normpath(root / name))
-    path = plain.resolve()
-    hidden = any(part.startswith(".") for part in Path(name).parts)
-    if hidden or path != plain or not path.is_relative_to(root) or not path.is_file():
+def open_artifact(data_dir: Path, job_id: int, name: str) -> tuple[BinaryIO, int]:
+    """The artifact's file, open, and its size; refuses anything outside the job's folder
+    and any path through a symbolic link, checked as it is opened: each folder on the way
+    is opened with O_NOFOLLOW relative to the one before, so a job's code cannot swap a
+    file for a link between the check and the read (a job may run as another account
+    than the API, and link to what the API can read and it cannot)."""
+    parts = Path(name).parts
+    if not parts or any(p.startswith(".") or p in ("..", "/") for p in parts):
         raise ArtifactNotFound(f"job {job_id} has no artifact {name!r}")
-    return path
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(job_dir(data_dir, job_id), flags | os.O_DIRECTORY)
+        for part in parts[:-1]:
+            below = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        try:
+            file = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:  # missing, or a link (ELOOP), or not a folder
+        raise ArtifactNotFound(f"job {job_id} has no artifact {name!r}") from exc
+    st = os.fstat(file)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(file)
+        raise ArtifactNotFound(f"job {job_id} has no artifact {name!r}")
+    os.set_blocking(file, True)
+    return os.fdopen(file, "rb"), st.st_size

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated
+import mimetypes
+from collections.abc import AsyncIterator, Iterator
+from pathlib import PurePosixPath
+from typing import Annotated, BinaryIO
+from urllib.parse import quote
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from sqlalchemy import Engine
 from sqlmodel import col, select
@@ -37,7 +40,7 @@ from service.api.responses import (
     WRITE,
     error,
 )
-from service.artifacts import artifact_path, list_artifacts
+from service.artifacts import list_artifacts, open_artifact
 from service.audit import Action
 from service.catalog import waiting_reason
 from service.db import read_session
@@ -60,6 +63,9 @@ from service.models import (
 )
 from service.reasons import ReasonCode
 from service.users import Identity
+
+# An artifact streams in pieces this large (a checkpoint may be many GiB).
+ARTIFACT_CHUNK_BYTES = 2**20
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=GUARDED)
 
@@ -329,13 +335,31 @@ def get_artifacts(
 @router.get(
     "/{job_id}/artifacts/{name:path}",
     summary="Download an artifact",
-    response_class=FileResponse,
-    responses={404: error("No such job, or it has no artifact of this name")},
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "Its bytes."},
+        404: error("No such job, or it has no artifact of this name"),
+    },
 )
 def download_artifact(
     job_id: JobId, name: NulFreeStr, engine: EngineDep, settings: SettingsDep
-) -> FileResponse:
+) -> StreamingResponse:
     """The artifact's bytes."""
     _job_exists(job_id, engine)
-    path = artifact_path(settings.data_dir, job_id, name)
-    return FileResponse(path, filename=path.name)
+    file, size = open_artifact(settings.data_dir, job_id, name)
+    filename = quote(PurePosixPath(name).name)
+    return StreamingResponse(
+        _chunks(file),
+        media_type=mimetypes.guess_type(name)[0] or "application/octet-stream",
+        headers={
+            "Content-Length": str(size),
+            "Content-Disposition": f"attachment; filename*=utf-8''{filename}",
+        },
+    )
+
+
+def _chunks(file: BinaryIO) -> Iterator[bytes]:
+    """The open file in chunks, closed at its end or when the client goes away."""
+    with file:
+        while chunk := file.read(ARTIFACT_CHUNK_BYTES):
+            yield chunk
