@@ -187,6 +187,12 @@ class Settings(BaseSettings):
         "(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Default: loopback's while "
         "ADVERTISE_ADDRESS is a loopback address, else torch's own choice.",
     )
+    private_network: bool = Field(
+        False,
+        description="Declares ADVERTISE_ADDRESS's network private though the address is "
+        "public: only the GPU boxes reach it (a worker on a public address takes no job "
+        "across boxes otherwise: torch's rendezvous runs what it is sent).",
+    )
     job_user: str | None = Field(
         None,
         description="The account a job's processes run as, where the worker runs as root "

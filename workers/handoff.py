@@ -32,6 +32,9 @@ class JobAccount(BaseModel):
     uid: int
     gid: int
     home: str = "/nonexistent"
+    # its supplementary groups as the box lists them (video or render, where a box's GPU
+    # device files are its group's): never root's
+    groups: list[int] = []
 
     @classmethod
     def named(cls, name: str) -> JobAccount:
@@ -43,7 +46,8 @@ class JobAccount(BaseModel):
             raise ValueError(f"no account named {name!r} on this box") from None
         if entry.pw_uid == 0 or entry.pw_gid == 0:
             raise ValueError(f"the job account {name!r} is root's (uid or gid 0)")
-        return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+        groups = [g for g in os.getgrouplist(name, entry.pw_gid) if g != 0]
+        return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir, groups=groups)
 
 
 class JobSettings(BaseModel):
@@ -94,15 +98,18 @@ class Handoff(BaseModel):
     def the_job(self) -> Job:
         return Job.model_validate(self.job)
 
-    def write(self, fd: int) -> None:
-        """Write the hand-off whole to a pipe's write end and close it. A runner killed
-        meanwhile (a cancel) has closed its end: nothing to hand off then."""
-        data = self.model_dump_json().encode()
+    def write(self, fd: int, data: bytes | None = None) -> None:
+        """Write the hand-off (``data``: already serialised) whole to a pipe's write end,
+        and close it. A runner killed meanwhile (a cancel) has closed its end: nothing to
+        hand off then."""
         try:
-            with open(fd, "wb") as pipe:
-                pipe.write(data)
+            payload = self.model_dump_json().encode() if data is None else data
+            with open(fd, "wb", closefd=False) as pipe:
+                pipe.write(payload)
         except BrokenPipeError:
             pass
+        finally:
+            os.close(fd)
 
 
 def read_stdin() -> Handoff:

@@ -3,6 +3,7 @@ the one function that turns both into the store's ``Outcome``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from dataclasses import asdict, dataclass
@@ -10,8 +11,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from service.models import JobStatus
-from service.points import finite_values, storable_text
+from service.points import finite_json, finite_values, storable_text
 from service.reasons import ReasonCode
 from service.store import Outcome
 from workers.jobfiles import write_atomic
@@ -54,11 +57,19 @@ class RunnerReport:
 
     @classmethod
     def parse(cls, data: bytes) -> RunnerReport | None:
-        """The report these bytes hold, or None when they hold none."""
+        """The report these bytes hold, or None when they hold none. The runner runs
+        beside the job's code, which can write this file too: its types are checked, and
+        numbers that are not finite become null (the store's JSON refuses NaN)."""
         try:
-            return cls(**json.loads(data))
-        except (ValueError, TypeError):
+            report = _REPORT.validate_python(json.loads(data))
+        except (ValueError, TypeError, RecursionError):  # ValidationError is a ValueError
             return None
+        if report.error is None:
+            return report
+        return dataclasses.replace(report, error=finite_json(report.error))
+
+
+_REPORT = TypeAdapter(RunnerReport)
 
 
 def decide(

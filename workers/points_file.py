@@ -143,7 +143,9 @@ class PointsReader:
         for line in chunk[:end].splitlines():
             try:
                 points.append(decode(line))
-            except ValueError as exc:  # JSONDecodeError is one
+            # JSONDecodeError is a ValueError; a number past a float's range overflows,
+            # and JSON nested deep enough exhausts the parser's recursion
+            except (ValueError, OverflowError, RecursionError) as exc:
                 self.skipped += 1
                 if self.skipped <= 3:  # said a few times, not once per bad line
                     log.warning("%s: a line that holds no point skipped (%s)", self.path, exc)

@@ -70,7 +70,7 @@ class Zygote:
         self._ready = False
         self._sock, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.zygote", "--fd", str(child_end.fileno())],
+            [sys.executable, "-P", "-m", "workers.zygote", "--fd", str(child_end.fileno())],
             pass_fds=[child_end.fileno()],
             env=env,
             stdin=subprocess.DEVNULL,

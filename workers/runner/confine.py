@@ -70,8 +70,8 @@ def _loopback_up() -> None:
 
 def become(account: JobAccount) -> None:
     """Drop every privilege for the job account's, for good (root's supplementary groups
-    too): the process can never be root again."""
-    os.setgroups([])
+    for the account's own): the process can never be root again."""
+    os.setgroups(account.groups)  # the account's own, never root's
     os.setgid(account.gid)
     os.setuid(account.uid)
     os.environ.update(USER=account.name, LOGNAME=account.name, HOME=account.home)

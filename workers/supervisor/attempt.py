@@ -28,6 +28,15 @@ Process = subprocess.Popen[bytes] | ZygoteProcess
 log = logging.getLogger(__name__)
 
 
+class HandOffGuard:
+    """Between an attempt's hand-off thread and its end: the folder is handed to the job's
+    account only while the attempt has not ended (the supervisor takes it back then)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ended = False
+
+
 class Attempt:
     """A runner started in a new session, so its pgid names every process of the attempt.
 
@@ -84,6 +93,7 @@ class Attempt:
         self._lines: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()  # the log lines and open pipes (the pump threads)
         self.reporter: DbReporter | None = None  # stores rank 0's points (the supervisor's)
+        self.hand_off = HandOffGuard()  # its launch's hand-off thread, and its end
         self._on_exit = on_exit
         self._open_pipes = 2
         self._pumps = [

@@ -9,6 +9,7 @@ takes no part: a job across boxes checkpoints there.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import time
@@ -57,17 +58,33 @@ class Gangs:
         # The head job across boxes has waited past the reservation age and this
         # worker's devices are busy: it claims nothing else until it can join.
         self.reserving = False
+        self.public = False  # its ADVERTISE_ADDRESS is public, and no setting says otherwise
 
     @property
     def enabled(self) -> bool:
         """Whether this worker takes part: with a shared folder, on PostgreSQL (the API
-        refuses jobs across boxes on SQLite)."""
-        return self.settings.shared_dir is not None and not is_sqlite(self.engine)
+        refuses jobs across boxes on SQLite), on a private network."""
+        return (
+            self.settings.shared_dir is not None and not is_sqlite(self.engine) and not self.public
+        )
 
     def check_address(self) -> None:
         """Refuse to start with an ADVERTISE_ADDRESS that is not this box's: every gang
         this worker joined would fail its rendezvous."""
         if not self.enabled:
+            return
+        if not self.settings.private_network and ipaddress_is_public(
+            self.settings.advertise_address
+        ):
+            # torch's rendezvous unpickles what it is sent, and gloo and NCCL have no
+            # authentication: on a public address, anyone could run code on every box.
+            log.warning(
+                "TRAINYARD_ADVERTISE_ADDRESS=%s is a public address: this worker takes no "
+                "job across boxes (set TRAINYARD_PRIVATE_NETWORK=true if only the GPU boxes "
+                "can reach it)",
+                self.settings.advertise_address,
+            )
+            self.public = True
             return
         try:
             self._endpoint()
@@ -173,3 +190,16 @@ class Gangs:
                     f"worker {self.worker_id}, one of its nodes, shut down as it started",
                 )
         self.waiting = None
+
+
+def ipaddress_is_public(address: str) -> bool:
+    """Whether an address is reachable from the internet: a global one (not private,
+    loopback, link-local, shared or reserved); a name is resolved first."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        try:
+            ip = ipaddress.ip_address(socket.gethostbyname(address))
+        except (OSError, ValueError):
+            return False  # the start's address check says it is not this box's
+    return ip.is_global

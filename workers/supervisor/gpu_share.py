@@ -12,7 +12,6 @@ that need whole ones.
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -107,15 +106,3 @@ def fraction_in(conf: str | None) -> float | None:
         if key.strip() == FRACTION_KEY:
             return float(value)
     return None
-
-
-def cap_this_process(device: Any) -> None:
-    """In a process about to train on the CUDA ``device``: hold torch's allocator to the
-    job's share. torch reads ``PYTORCH_CUDA_ALLOC_CONF`` once per process, and a runner
-    forked from the warm zygote may have read it before the job's value was set: so the
-    cap is also set here, explicitly."""
-    part = fraction_in(os.environ.get(ALLOC_CONF))
-    if part is not None:
-        import torch  # here: the supervisor imports this module, and not torch, at start
-
-        torch.cuda.set_per_process_memory_fraction(part, device)

@@ -11,6 +11,7 @@ from pathlib import Path
 from service.models import Job
 from service.settings import Settings
 from workers.jobfiles import JobFiles
+from workers.supervisor import nofollow
 from workers.supervisor.blob_cache import BlobCache
 
 
@@ -21,18 +22,9 @@ def place(settings: Settings, job: Job, files: JobFiles) -> tuple[Path | None, l
         return None, []
     cache = BlobCache(settings)
     package = cache.code(job.code)
-    return package, [package, *link_data(cache, job.data or {}, files.inputs)]
-
-
-def link_data(cache: BlobCache, data: dict[str, str], folder: Path) -> list[Path]:
-    """Each data file at ``folder/<name>``: a link to the read-only cached blob; returns
-    the blobs."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for entry in folder.iterdir():  # what an earlier attempt placed
-        entry.unlink()
-    blobs = []
-    for name, digest in data.items():
-        blob = cache.blob(digest)
-        (folder / name).symlink_to(blob)
-        blobs.append(blob)
-    return blobs
+    blobs = {name: cache.blob(digest) for name, digest in (job.data or {}).items()}
+    files.root.mkdir(parents=True, exist_ok=True)  # in jobs/, which only the worker changes
+    # The job's folder may hold its own links (it owned the folder on an earlier attempt):
+    # the inputs folder is made anew without following one.
+    nofollow.place_links(files.root, files.inputs, blobs)
+    return package, [package, *blobs.values()]

@@ -23,13 +23,14 @@ from workers.errors import NotRetryable, describe
 from workers.handoff import Handoff
 from workers.jobfiles import JobFiles, shared_checkpoints
 from workers.supervisor import inputs, nofollow
-from workers.supervisor.attempt import Attempt, Process
+from workers.supervisor.attempt import Attempt, HandOffGuard, Process
 from workers.supervisor.gangs import Start
 from workers.supervisor.gpu_share import ALLOC_CONF, alloc_conf
 from workers.supervisor.walls import Walls
 from workers.zygote import Zygote, ZygoteProcess
 
 log = logging.getLogger(__name__)
+
 
 # A zygote that died this many times in a row before it was warm, or is not warm after
 # this long, is given up: runners then start as fresh interpreters (slower, but they run).
@@ -157,13 +158,16 @@ class Launcher:
             os.close(stdin)
         walls = walls or Walls(None, False, "")
         isolated = walls.network and node is None  # a job across boxes uses the network
+        guard = HandOffGuard()
         threading.Thread(
             target=self._hand_off,
-            args=(hand_off, job, files, walls, isolated, gpu_memory_fraction),
+            args=(hand_off, job, files, walls, isolated, gpu_memory_fraction, guard),
             name=f"hand-off-{claim.fence.job_id}",
             daemon=True,
         ).start()
-        return Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+        attempt = Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+        attempt.hand_off = guard
+        return attempt
 
     def _hand_off(
         self,
@@ -173,10 +177,11 @@ class Launcher:
         walls: Walls,
         isolated: bool,
         gpu_fraction: float | None,
+        guard: HandOffGuard,
     ) -> None:
         """Place the job's inputs and hand its folder to its account, then write the
         runner's hand-off (or why that failed: the runner reports it as the attempt's
-        failure)."""
+        failure, in the folder it was handed either way)."""
         try:
             handoff = Handoff.of(
                 job,
@@ -185,16 +190,24 @@ class Launcher:
                 isolate_network=isolated,
                 gpu_fraction=gpu_fraction,
             )
+            reads: list[Path] = []
             try:
                 handoff.package, reads = inputs.place(self.settings, job, files)
-                walls.hand_over(files.root, reads, self._shared_folder(job))
             except Exception as exc:
                 log.warning("job %s: its inputs could not be placed: %s", job.id, exc)
                 handoff.inputs_error = describe(exc)
+            with guard.lock:  # not once the attempt has ended and its folder was taken back
+                if not guard.ended:
+                    try:
+                        walls.hand_over(files.root, reads, self._shared_folder(job))
+                    except Exception as exc:
+                        log.exception("job %s: its folder could not be handed over", job.id)
+                        handoff.inputs_error = handoff.inputs_error or describe(exc)
+            data = handoff.model_dump_json().encode()
         except BaseException:
             os.close(fd)  # the runner reads no hand-off, and fails saying so
             raise
-        handoff.write(fd)
+        handoff.write(fd, data)
 
     def _shared_folder(self, job: Job) -> Path | None:
         """A job across boxes' checkpoint folder, in the folder every box shares."""
@@ -212,7 +225,7 @@ class Launcher:
         zygote = None if self._cold_start else self.zygote
         if zygote is None:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "workers.runner.main", *args],
+                [sys.executable, "-P", "-m", "workers.runner.main", *args],
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

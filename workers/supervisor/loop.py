@@ -467,6 +467,8 @@ class Supervisor:
     def _finish(self, attempt: Attempt) -> bool:
         """Record how an attempt ended, after its last process and log line are gone."""
         attempt.join_pumps()
+        with attempt.hand_off.lock:  # a hand-off thread still placing inputs hands nothing
+            attempt.hand_off.ended = True
         attempt.close_reporter()  # its last points stored before its end is
         # Its devices were held until now, whoever's job it is by now.
         self._charge([attempt])
@@ -496,6 +498,12 @@ class Supervisor:
             return True
         attempt.note_ended(f"attempt {fence.attempt} ended: {outcome.reason_message}")
         self._write_lines(attempt)
+        # Before the store hears of it: once it does, the job may be claimed again (here
+        # or, on a shared DATA_DIR, on another box) and its folder handed over anew.
+        try:
+            self.walls.take_back(files.root, self._cache_dir / "venvs")
+        except OSError:  # the folder stays the job account's; the outcome is still recorded
+            log.exception("job %s: its folder could not be taken back", attempt.job_id)
         if outcome.status == JobStatus.queued:  # handed back (shutdown, preempted)
             store.release_attempt(  # no attempt spent
                 self.engine, fence, outcome.reason_code, outcome.reason_message
@@ -503,10 +511,6 @@ class Supervisor:
         else:
             store.finish_attempt(self.engine, fence, outcome)
         log.info("job %s: attempt %d %s", attempt.job_id, fence.attempt, outcome.reason_message)
-        try:
-            self.walls.take_back(files.root, self._cache_dir / "venvs")
-        except OSError:  # the outcome is recorded; the folder stays the job account's
-            log.exception("job %s: its folder could not be taken back", attempt.job_id)
         return True
 
     def _shutdown(self) -> None:

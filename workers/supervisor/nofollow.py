@@ -13,13 +13,18 @@ the worker can change.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What a job may have done to an entry since it was listed: removed it, or put a link (or
+# a file) in a folder's place. Anything else (no descriptors left, say) is an error.
+_GONE_OR_A_LINK = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
 
 
 @contextmanager
@@ -40,12 +45,17 @@ def read(root: Path, path: Path, limit: int, offset: int = 0) -> bytes | None:
     """At most ``limit`` bytes of ``path`` (below ``root``) from ``offset``; None when it is
     not there. A link on the way, or in its place: OSError (ELOOP)."""
     relative = path.relative_to(root)
+    # O_NONBLOCK: a FIFO in its place would block the open (and the supervisor) forever
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         with _parent(root, relative) as parent:
-            fd = os.open(relative.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            fd = os.open(relative.name, flags, dir_fd=parent)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        os.set_blocking(fd, True)
         f.seek(offset)
         return f.read(limit)
 
@@ -77,6 +87,37 @@ def unlink(root: Path, path: Path) -> None:
         pass
 
 
+def place_links(root: Path, folder: Path, links: dict[str, Path]) -> None:
+    """``folder`` (below ``root``) holding exactly ``links`` (name -> target), made anew:
+    whatever was there is removed (a link removed, never followed), and the folder and
+    those above it are made where missing, a link or file in their place removed first."""
+    fd = os.open(root, _DIR)
+    try:
+        for part in folder.relative_to(root).parts:
+            try:
+                below = os.open(part, _DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                    raise
+                if exc.errno != errno.ENOENT:
+                    os.unlink(part, dir_fd=fd)  # the job's link or file: an entry, not a way
+                os.mkdir(part, 0o700, dir_fd=fd)
+                below = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        for name in os.listdir(fd):  # what an earlier attempt placed, or the job did
+            try:
+                os.unlink(name, dir_fd=fd)
+            except IsADirectoryError:
+                shutil.rmtree(name, dir_fd=fd)  # resists links swapped in meanwhile
+        for name, target in links.items():
+            tmp = f".{name}.tmp-{os.getpid()}"
+            os.symlink(target, tmp, dir_fd=fd)
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def listdir(root: Path, folder: Path) -> list[str]:
     """The names in ``folder`` (below ``root``, or ``root`` itself); none when it is not
     there. A link on the way or in its place: OSError (ELOOP)."""
@@ -96,24 +137,37 @@ def listdir(root: Path, folder: Path) -> list[str]:
 
 
 def walk(root: Path, visit: Callable[[int, str | None], None]) -> None:
-    """Call ``visit(dir_fd, name)`` for every entry below ``root`` and
-    ``visit(dir_fd, None)`` for every folder (root included), never through a link: a
-    folder swapped for a link meanwhile is skipped. Links themselves are visited as
-    entries (``visit`` must not follow them)."""
-    stack = [os.open(root, _DIR)]
-    while stack:
-        fd = stack.pop()
-        try:
-            visit(fd, None)
-            for entry in os.scandir(fd):
-                if entry.is_dir(follow_symlinks=False):
-                    try:
-                        stack.append(os.open(entry.name, _DIR, dir_fd=fd))
-                    except OSError:  # gone, or a link by now: not followed
-                        continue
-                else:
-                    visit(fd, entry.name)
-        finally:
+    """Call ``visit(dir_fd, None)`` for every folder (``root`` first, each before what it
+    holds) and ``visit(dir_fd, name)`` for everything else in it, links included (``visit``
+    must not follow them), never through a link: a folder swapped for a link meanwhile is
+    skipped. One descriptor per level is open at a time, however wide the tree."""
+    top = os.open(root, _DIR)
+    stack: list[tuple[int, Iterator[str]]] = [(top, iter(()))]  # what is open, by level
+    try:
+        visit(top, None)
+        stack[-1] = (top, iter(os.listdir(top)))
+        while stack:
+            fd, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            try:
+                folder = stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+                below = os.open(name, _DIR, dir_fd=fd) if folder else None
+            except OSError as exc:
+                if exc.errno in _GONE_OR_A_LINK:
+                    continue
+                raise
+            if below is None:
+                visit(fd, name)
+                continue
+            stack.append((below, iter(())))  # closed with the stack, should visit raise
+            visit(below, None)
+            stack[-1] = (below, iter(os.listdir(below)))
+    finally:
+        for fd, _ in stack:  # a level is closed as it is left; these, on an error
             os.close(fd)
 
 

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 # How often buffered progress and metrics are written (progress must refresh every second).
 FLUSH_INTERVAL_S = 0.5
+# Closing, the reporter reads what is left of the points file for at most this long (a
+# process of the job that escaped and keeps appending must not hold the attempt's end).
+CLOSE_LIMIT_S = 10.0
 # An environment record is a few KiB (packages, devices); past this it is not one.
 MAX_ENVIRONMENT_BYTES = 2**20
 
@@ -94,28 +97,45 @@ class DbReporter:
             # the queue instead would wake this thread once per point, and each wake-up
             # takes the GIL from the training loop (with a point every step: 0.81x).
             done = self._closing.wait(self.flush_interval_s)
-            self._record_environment()
-            self._read_source(done)
-            while True:
-                try:
-                    item = self.points.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, ProgressPoint):
-                    progress = item  # only the newest matters
-                else:
-                    metrics.append(item)
-            if (progress is not None or metrics) and self._write(progress, metrics):
-                progress, metrics = None, []  # else kept, and tried again with the next batch
+            last_look = time.monotonic() + (CLOSE_LIMIT_S if done else 0.0)
+            try:
+                self._record_environment()
+                while True:
+                    # One look at the points file at a time, and only once the last batch
+                    # is stored: a long outage, or a job that appended gigabytes, must not
+                    # fill this process's memory.
+                    read = not metrics and progress is None and self._read_source()
+                    progress, metrics = self._take(progress, metrics)
+                    if (progress is not None or metrics) and self._write(progress, metrics):
+                        progress, metrics = None, []  # else kept, and tried again later
+                    if not (read and progress is None and time.monotonic() < last_look):
+                        break
+            except Exception:  # never the thread's end: the next interval tries again
+                log.exception("job %s: reporting failed; trying again", self.fence.job_id)
 
-    def _read_source(self, closing: bool) -> None:
-        """Queue what rank 0 appended since the last look (closing: all of it)."""
-        while self.source is not None:
-            points = self.source.read()
-            for point in points:
-                self.points.put_nowait(point)
-            if not (closing and points):
-                return
+    def _take(
+        self, progress: ProgressPoint | None, metrics: list[MetricPoint]
+    ) -> tuple[ProgressPoint | None, list[MetricPoint]]:
+        """Add what was queued to the batch (only the newest progress matters)."""
+        while True:
+            try:
+                item = self.points.get_nowait()
+            except queue.Empty:
+                return progress, metrics
+            if isinstance(item, ProgressPoint):
+                progress = item
+            else:
+                metrics.append(item)
+
+    def _read_source(self) -> bool:
+        """Queue what rank 0 appended since the last look, one bounded read; whether it
+        found any."""
+        if self.source is None:
+            return False
+        points = self.source.read()
+        for point in points:
+            self.points.put_nowait(point)
+        return bool(points)
 
     def _record_environment(self) -> None:
         """Store the runner's environment record once it is whole on disk."""

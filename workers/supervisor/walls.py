@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -115,6 +116,9 @@ class Walls:
         account. Never through a link (``nofollow``): the folder may hold the job's."""
         if self.account is None:
             return
+        if shared is not None:  # SHARED_DIR/jobs/<id>/checkpoints, reached by passing through
+            shared.mkdir(parents=True, exist_ok=True)
+            _pass_through(shared.parent)
         for own in (job_folder, *([shared] if shared is not None else [])):
             own.mkdir(parents=True, exist_ok=True)
             nofollow.chown_tree(own, self.account.uid, self.account.gid)
@@ -158,7 +162,13 @@ def _check_reachable(settings: Settings, account: JobAccount) -> None:
     # it did not make, and each is sealed (the worker's, read-only) once an attempt ends.
     os.chown(venvs, os.geteuid(), account.gid)
     venvs.chmod(VENVS_MODE)
-    for top in (data_dir, cache_dir, Path(sys.executable).parent):
+    _adopt_venvs(venvs, account.gid)
+    shared = [settings.shared_dir.resolve()] if settings.shared_dir is not None else []
+    for folder in shared:  # a job across boxes' checkpoints: SHARED_DIR/jobs/<id>/
+        (folder / "jobs").mkdir(parents=True, exist_ok=True)
+        _pass_through(folder)
+        _pass_through(folder / "jobs")
+    for top in (data_dir, cache_dir, Path(sys.executable).parent, *shared):
         for part in top.parents:
             if part.stat().st_mode & 0o001 == 0:
                 raise SystemExit(
@@ -168,10 +178,10 @@ def _check_reachable(settings: Settings, account: JobAccount) -> None:
                 )
     try:
         done = subprocess.run(
-            [sys.executable, "-c", "import workers.runner.main"],
+            [sys.executable, "-P", "-c", "import torch, workers.runner.main"],
             user=account.uid,
             group=account.gid,
-            extra_groups=[],
+            extra_groups=account.groups,
             cwd="/",
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_pythonpath()},
             capture_output=True,
@@ -185,6 +195,20 @@ def _check_reachable(settings: Settings, account: JobAccount) -> None:
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["?"])[-1]
         raise SystemExit(f"TRAINYARD_JOB_USER={account.name} cannot run this worker's code: {why}")
+
+
+def _adopt_venvs(venvs: Path, gid: int) -> None:
+    """Virtualenvs and their locks from before jobs ran as the job account (the worker's,
+    owner-only): readable by the account from now on, the locks writable."""
+    for entry in venvs.iterdir():
+        st = entry.lstat()
+        if st.st_uid != os.geteuid() or st.st_gid == gid:
+            continue  # the account's own, or sealed already
+        if stat.S_ISDIR(st.st_mode):
+            _seal(entry, gid)
+        elif stat.S_ISREG(st.st_mode) and entry.suffix == ".lock":
+            os.chown(entry, -1, gid, follow_symlinks=False)
+            entry.chmod(0o660)
 
 
 def _pythonpath() -> dict[str, str]:
@@ -228,7 +252,7 @@ def probe(account: JobAccount | None = None) -> str | None:
         "isolate_network()\n"
         "import socket; socket.create_server(('127.0.0.1', 0)).close()\n"
     )
-    argv = [sys.executable, "-c", code, *([account.model_dump_json()] if account else [])]
+    argv = [sys.executable, "-P", "-c", code, *([account.model_dump_json()] if account else [])]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=READY_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -65,3 +65,28 @@ def test_a_change_of_owner_never_reaches_past_a_link(planted: tuple[Path, Path])
     assert (box / "secret.json").stat().st_uid == 0 and box.stat().st_uid == 0
     nofollow.chmod_tree(job, lambda mode, folder: 0o777)
     assert (box / "secret.json").stat().st_mode & 0o777 != 0o777
+
+
+def test_a_fifo_in_place_of_a_hand_off_does_not_block_the_reader(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    (job / ".runner").mkdir(parents=True)
+    os.mkfifo(job / ".runner" / "attempt-1-points.jsonl")
+    with pytest.raises(OSError):  # at once: an open without O_NONBLOCK would wait forever
+        nofollow.read(job, job / ".runner" / "attempt-1-points.jsonl", 1000)
+
+
+def test_the_inputs_folder_is_made_anew_never_through_a_link(
+    planted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A job that made its inputs folder a link to a folder of the box's, on an earlier
+    attempt: the next attempt's inputs go in a new folder, and the box's is untouched."""
+    job, box = planted
+    (job / ".inputs").symlink_to(box)
+    blob = tmp_path / "blob"
+    blob.write_text("data")
+    nofollow.place_links(job, job / ".inputs", {"digits.npz": blob})
+    assert not (job / ".inputs").is_symlink()
+    assert os.readlink(job / ".inputs" / "digits.npz") == str(blob)
+    assert sorted(p.name for p in box.iterdir()) == ["secret.json"]
+    nofollow.place_links(job, job / ".runner" / "node-1" / "inputs", {"a": blob})
+    assert (job / ".runner" / "node-1" / "inputs" / "a").is_symlink()
