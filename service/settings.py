@@ -199,6 +199,13 @@ class Settings(BaseSettings):
         "(the image's: trainyard-job): they cannot then read the database, the token or "
         "other jobs' folders. Unset: jobs run as the worker's own account.",
     )
+    job_uids: str | None = Field(
+        None,
+        description="With JOB_USER: a range of uids no account uses ('200000-200063'); "
+        "each running attempt then runs as a uid of its own from it (in JOB_USER's "
+        "group), so jobs that run at the same time cannot read or trace each other.",
+        pattern=r"^\d+-\d+$",
+    )
     job_network: Literal["isolated", "host"] = Field(
         "isolated",
         description="isolated: a one-box job's processes get a network of their own with "

@@ -61,6 +61,9 @@ class JobSettings(BaseModel):
     advertise_address: str
     socket_ifname: str | None
     gang_timeout_s: float
+    # where jobs run as accounts of their own: the worker's uid, which seals a shared
+    # virtualenv once the attempt that built it ends (one it has not sealed is not used)
+    venvs_sealed_by: int | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> JobSettings:
@@ -75,6 +78,7 @@ class JobSettings(BaseModel):
             advertise_address=settings.advertise_address,
             socket_ifname=settings.socket_ifname,
             gang_timeout_s=settings.gang_timeout_s,
+            venvs_sealed_by=os.geteuid() if settings.job_user else None,
         )
 
 

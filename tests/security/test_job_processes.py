@@ -39,7 +39,7 @@ from service.settings import Settings
 from tests.e2e.test_script_jobs import script_pids
 from tests.scripts import put_package
 from tests.stack import REPO, Stack, running_stack, stack_env, wait_for
-from workers.env_allowlist import inherited
+from workers.env_allowlist import inherited, withheld
 from workers.handoff import Handoff
 from workers.procfs import group_members
 from workers.runner.loopback import loopback_interface
@@ -159,6 +159,24 @@ def test_a_job_inherits_only_allow_listed_variables(monkeypatch: pytest.MonkeyPa
         "PYTHONPATH": "/srv/trainyard",
         "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     }
+
+
+def test_pip_and_hugging_face_settings_reach_a_job_without_their_credentials() -> None:
+    """A worker's HF_TOKEN, or a pip index URL with a password, once reached job code."""
+    worker = {
+        "PIP_INDEX_URL": "https://ci:hunter2@pypi.example.com/simple",
+        "PIP_EXTRA_INDEX_URL": "https://pypi.org/simple",
+        "PIP_CLIENT_CERT": "/etc/pip/client.pem",
+        "HF_TOKEN": "hf_not_for_jobs",
+        "HUGGING_FACE_HUB_TOKEN": "hf_not_for_jobs",
+        "HF_HOME": "/cache/hf",
+        "HTTPS_PROXY": "http://user:pw@proxy:3128",
+    }
+    assert inherited(worker) == {
+        "PIP_EXTRA_INDEX_URL": "https://pypi.org/simple",
+        "HF_HOME": "/cache/hf",
+    }
+    assert withheld(worker) == ["HTTPS_PROXY", "PIP_INDEX_URL"]  # named in the worker's log
 
 
 def test_the_runner_hand_off_holds_no_credential(tmp_path: Path) -> None:

@@ -190,3 +190,53 @@ def _hunt(stack: Stack, job_id: int) -> dict[str, Any]:
         if "HUNT {" in text:
             return dict(json.loads(text.split("HUNT ", 1)[1]))
     raise AssertionError(f"job {job_id} left no HUNT line: {texts[-20:]}")
+
+
+WAITER = (
+    "import os, pathlib, time\n"
+    "out = pathlib.Path(os.environ['TRAINYARD_OUTPUT_DIR'])\n"
+    "(out / 'uid').write_text(str(os.getuid()))\n"
+    "deadline = time.monotonic() + 120\n"
+    "while not (out / 'release').exists() and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+@pytest.mark.slow
+def test_attempts_running_at_once_run_as_uids_of_their_own(
+    job_account: str, open_tmp: Path
+) -> None:
+    """With TRAINYARD_JOB_UIDS, a job cannot read the folder, environment or memory of
+    another job running beside it: each attempt has a uid of its own."""
+    url = f"sqlite:///{open_tmp / 'trainyard.db'}"
+    walls = {"job_user": job_account, "job_uids": "230000-230007"}
+    env = stack_env(open_tmp, url, port=1, **walls)
+    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, cwd=REPO, check=True)
+    with running_stack(open_tmp, url, **walls) as stack:
+        stack.start_worker(env={"TRAINYARD_API_TOKEN": TOKEN})
+        code = put_package(stack.http, HUNTER, open_tmp)
+        data = open_tmp / "data"
+        beside = stack.submit(code=code, entrypoint=["python", "-c", WAITER], requirements=[])
+        output = data / "jobs" / str(beside["id"]) / "output"
+        uid = int(
+            wait_for(
+                lambda: (output / "uid").is_file() and (output / "uid").read_text(), 60, "a uid"
+            )
+        )
+        hunter = stack.submit(
+            code=code,
+            entrypoint=[
+                "python",
+                "hunt.py",
+                str(data),
+                str(open_tmp / "trainyard.db"),
+                str(output.parent),
+            ],
+            requirements=[],
+        )
+        stack.wait_status(hunter["id"], {"succeeded", "failed"})
+        found = _hunt(stack, hunter["id"])
+        (output / "release").touch()
+        assert stack.wait_status(beside["id"], {"succeeded", "failed"})["status"] == "succeeded"
+    assert 230000 <= uid <= 230007 and 230000 <= found["uid"] <= 230007 and found["uid"] != uid
+    assert found["read"] == [] and found["procs"] == [], found

@@ -76,6 +76,8 @@ def prepare(
         settings.cache_dir,
         package,
         timeout_s=settings.requirements_timeout_s,
+        sealed_by=settings.venvs_sealed_by,
+        private=files.root / files.runner / "venvs",
     )
     env = job_env(job, attempt, files, accelerator=accelerator, threads=threads, python=python)
     env["TRAINYARD_CHECKPOINT_DIR"] = str(checkpoints)

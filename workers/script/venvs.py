@@ -21,8 +21,11 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 import venv
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from service.reasons import ReasonCode
@@ -35,6 +38,7 @@ PIP_TAIL_LINES = 30
 # The worker's packages, seen from every job virtualenv.
 LAYER_PTH = "_trainyard_worker.pth"
 READY = ".ready"  # written last: the virtualenv is whole
+LOCK_POLL_S = 0.2  # another job builds the same set: look again this often
 
 
 def requirement_lines(requirements: list[str] | None, package: Path) -> list[str]:
@@ -47,22 +51,98 @@ def requirement_lines(requirements: list[str] | None, package: Path) -> list[str
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def python_for(lines: list[str], cache_dir: Path, package: Path, *, timeout_s: float) -> str:
-    """The interpreter a script job runs: this one, or a virtualenv with ``lines``."""
+def python_for(
+    lines: list[str],
+    cache_dir: Path,
+    package: Path,
+    *,
+    timeout_s: float,
+    sealed_by: int | None = None,
+    private: Path | None = None,
+) -> str:
+    """The interpreter a script job runs: this one, or a virtualenv with ``lines``.
+
+    Where jobs run as accounts of their own (``sealed_by``: the worker's uid, which seals
+    a virtualenv once the attempt that built it ends), a shared virtualenv is used only
+    once sealed, or built here; one another account is building, or left, is not: the
+    job then builds its own in ``private`` (its folder), as it does when the shared one's
+    lock is held past ``timeout_s``."""
     if not lines:
         return sys.executable
     key = venv_key(lines, package)
     root = cache_dir / "venvs"
     target = root / key
-    python = str(target / "bin" / "python")
-    if (target / READY).exists():
-        return python
+    if _usable(target, sealed_by):
+        return _python(target)
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be building the same set
-        if not (target / READY).exists():
+    deadline = time.monotonic() + timeout_s
+    with _locked(root / f"{key}.lock", deadline) as locked:
+        if locked and _usable(target, sealed_by):
+            return _python(target)
+        if locked and not _someone_elses(target, sealed_by):
             _build(target, lines, package, timeout_s)
-    return python
+            return _python(target)
+    if private is None:
+        raise NotRetryable(
+            ReasonCode.requirements_failed,
+            f"the virtualenv for these requirements is another job's ({target})",
+        )
+    log.info("the shared virtualenv %s is another job's: building one of this job's own", key)
+    own = private / key
+    if not (own / READY).exists():
+        _build(own, lines, package, max(deadline - time.monotonic(), 1.0))
+    return _python(own)
+
+
+def _python(venv: Path) -> str:
+    return str(venv / "bin" / "python")
+
+
+def _usable(target: Path, sealed_by: int | None) -> bool:
+    """Whether a shared virtualenv is whole, and (jobs running as accounts of their own)
+    sealed by the worker."""
+    try:
+        ready = (target / READY).exists()
+        return ready and (sealed_by is None or target.stat().st_uid == sealed_by)
+    except PermissionError:  # another account's, being built or left
+        return False
+
+
+def _someone_elses(target: Path, sealed_by: int | None) -> bool:
+    """Whether ``target`` is there and neither this account's nor the worker's."""
+    if sealed_by is None:
+        return False
+    try:
+        owner = target.lstat().st_uid
+    except FileNotFoundError:
+        return False
+    return owner not in (os.getuid(), sealed_by)
+
+
+@contextmanager
+def _locked(path: Path, deadline: float) -> Iterator[bool]:
+    """The requirement set's lock, held (True), or not had by ``deadline`` (False): a lock
+    another account made, or holds that long, must not hold this job forever."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
+    except OSError:  # another account's, closed to this one
+        yield False
+        return
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o660)  # the umask made it 0600: every job account locks it
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(LOCK_POLL_S)
+        yield True
+    finally:
+        os.close(fd)
 
 
 def venv_key(lines: list[str], package: Path) -> str:

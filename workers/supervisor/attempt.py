@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import IO
 
 from service.store import Claim
+from workers.handoff import JobAccount
 from workers.outcome import StopReason
 from workers.procfs import group_members
 from workers.stdio import MAX_LINE_CHARS
@@ -94,6 +95,7 @@ class Attempt:
         self._lock = threading.Lock()  # the log lines and open pipes (the pump threads)
         self.reporter: DbReporter | None = None  # stores rank 0's points (the supervisor's)
         self.hand_off = HandOffGuard()  # its launch's hand-off thread, and its end
+        self.account: JobAccount | None = None  # what its processes run as (walls)
         self._on_exit = on_exit
         self._open_pipes = 2
         self._pumps = [

@@ -20,7 +20,7 @@ from service.settings import Settings
 from service.store import Claim
 from workers.env_allowlist import inherited, withheld
 from workers.errors import NotRetryable, describe
-from workers.handoff import Handoff
+from workers.handoff import Handoff, JobAccount
 from workers.jobfiles import JobFiles, shared_checkpoints
 from workers.supervisor import inputs, nofollow
 from workers.supervisor.attempt import Attempt, HandOffGuard, Process
@@ -115,13 +115,15 @@ class Launcher:
         on_exit: Callable[[], None] | None = None,
         node: Start | None = None,
         walls: Walls | None = None,
+        account: JobAccount | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
         ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
         ``memory_limit``: bytes each of its processes may hold (``Box.memory_limit``);
         ``gpu_memory_fraction``: the part of its GPU a job sharing one may allocate;
         ``node``: this worker's node of a job across boxes; ``walls``: what keeps the
-        job from the box (none given: it runs as this worker, on the box's network)."""
+        job from the box (none given: it runs as this worker, on the box's network);
+        ``account``: what its processes run as (``walls.account_for``)."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         place = None if node is None else node.node
@@ -161,7 +163,7 @@ class Launcher:
         guard = HandOffGuard()
         threading.Thread(
             target=self._hand_off,
-            args=(hand_off, job, files, walls, isolated, gpu_memory_fraction, guard),
+            args=(hand_off, job, files, walls, account, isolated, gpu_memory_fraction, guard),
             name=f"hand-off-{claim.fence.job_id}",
             daemon=True,
         ).start()
@@ -175,6 +177,7 @@ class Launcher:
         job: Job,
         files: JobFiles,
         walls: Walls,
+        account: JobAccount | None,
         isolated: bool,
         gpu_fraction: float | None,
         guard: HandOffGuard,
@@ -186,7 +189,7 @@ class Launcher:
             handoff = Handoff.of(
                 job,
                 self.settings,
-                account=walls.account,
+                account=account,
                 isolate_network=isolated,
                 gpu_fraction=gpu_fraction,
             )
@@ -199,7 +202,8 @@ class Launcher:
             with guard.lock:  # not once the attempt has ended and its folder was taken back
                 if not guard.ended:
                     try:
-                        walls.hand_over(files.root, reads, self._shared_folder(job))
+                        shared = self._shared_folder(job)
+                        walls.hand_over(files.root, reads, shared, account=account)
                     except Exception as exc:
                         log.exception("job %s: its folder could not be handed over", job.id)
                         handoff.inputs_error = handoff.inputs_error or describe(exc)

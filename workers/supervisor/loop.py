@@ -288,7 +288,13 @@ class Supervisor:
             ):
                 del self.attempts[job_id]  # else: recorded on a later tick
 
+    def _uids_in_use(self) -> set[int]:
+        """The uids this worker's running attempts have (TRAINYARD_JOB_UIDS)."""
+        return {a.account.uid for a in self.attempts.values() if a.account is not None}
+
     def _claim(self) -> bool:
+        if not self.walls.room(self._uids_in_use()):
+            return False  # every uid of the range runs an attempt: none starts meanwhile
         if not self.launcher.ready():
             # Not yet: the runner would wait seconds for the imports, with the job's lease
             # running and no heartbeat meanwhile. A warm worker may take the job instead;
@@ -373,6 +379,7 @@ class Supervisor:
         processes = jobspec.world_size(claim.strategy, claim.devices)
         threads = jobspec.threads_per_process(len(held), len(self.box.devices), processes)
         job = store.load_job(self.engine, claim.fence.job_id)
+        account = self.walls.account_for(self._uids_in_use())
         attempt = self.launcher.start(
             claim,
             job,
@@ -386,11 +393,12 @@ class Supervisor:
             on_exit=self._wake.set,
             node=node,
             walls=self.walls,
+            account=account,
         )
+        attempt.account = account
         files = JobFiles.of(
             self.settings.data_dir, claim.fence.job_id, None if node is None else node.node
         )
-        account = self.walls.account
         # Rank 0's points and the runner's environment record reach the database
         # through this process: a runner holds no credential.
         attempt.reporter = DbReporter(

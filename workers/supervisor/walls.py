@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -46,6 +47,8 @@ class Walls:
     # who a job's folder goes back to once its attempt ends: the data directory's owner
     # (the API's account, which serves the artifacts; in the image, not root)
     owner: tuple[int, int] = (0, 0)
+    # TRAINYARD_JOB_UIDS: each running attempt runs as a uid of its own from this range
+    uids: range | None = None
 
     @classmethod
     def at_start(cls, settings: Settings) -> Walls:
@@ -98,8 +101,25 @@ class Walls:
             why = "TRAINYARD_JOB_NETWORK=host"
             log.warning("jobs share the box's network (TRAINYARD_JOB_NETWORK=host)")
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        uids = _uid_range(settings, account)
+        if uids is not None:
+            runs_as = f"{runs_as} (a uid of its own per attempt, {settings.job_uids})"
+            log.info("each attempt runs as a uid of its own, from %s", settings.job_uids)
         home = settings.data_dir.resolve().stat()
-        return cls(account, network, runs_as, why, (home.st_uid, home.st_gid))
+        return cls(account, network, runs_as, why, (home.st_uid, home.st_gid), uids)
+
+    def account_for(self, in_use: set[int]) -> JobAccount | None:
+        """The account a new attempt runs as: the job account, or (with a uid range) a
+        uid of the range no running attempt has, in the job account's group; None while
+        none is free (claim nothing then)."""
+        if self.account is None or self.uids is None:
+            return self.account
+        free = next((uid for uid in self.uids if uid not in in_use), None)
+        return None if free is None else self.account.model_copy(update={"uid": free})
+
+    def room(self, in_use: set[int]) -> bool:
+        """Whether a new attempt could start: a uid of the range is free."""
+        return self.account is None or self.uids is None or len(in_use) < len(self.uids)
 
     def published(self) -> dict[str, Any]:
         """What ``/api/v1/workers`` shows of it."""
@@ -109,21 +129,29 @@ class Walls:
             **({"job_network_why": self.network_why} if self.network_why else {}),
         }
 
-    def hand_over(self, job_folder: Path, reads: list[Path], shared: Path | None = None) -> None:
+    def hand_over(
+        self,
+        job_folder: Path,
+        reads: list[Path],
+        shared: Path | None = None,
+        account: JobAccount | None = None,
+    ) -> None:
         """Give the job's account its own folder (everything in it, from earlier attempts
         too; and ``shared``, a job across boxes' checkpoints) and read access to ``reads``
         (its package, its data files); nothing to do when jobs run as the worker's
-        account. Never through a link (``nofollow``): the folder may hold the job's."""
-        if self.account is None:
+        account. Never through a link (``nofollow``): the folder may hold the job's.
+        ``account``: the attempt's own (a uid of the range), else the job account."""
+        account = account or self.account
+        if account is None:
             return
         if shared is not None:  # SHARED_DIR/jobs/<id>/checkpoints, reached by passing through
             shared.mkdir(parents=True, exist_ok=True)
             _pass_through(shared.parent)
         for own in (job_folder, *([shared] if shared is not None else [])):
             own.mkdir(parents=True, exist_ok=True)
-            nofollow.chown_tree(own, self.account.uid, self.account.gid)
+            nofollow.chown_tree(own, account.uid, account.gid)
         for path in reads:
-            _readable_by(path.resolve(), self.account.gid)
+            _readable_by(path.resolve(), account.gid)
 
     def take_back(self, job_folder: Path, venvs: Path) -> None:
         """Once an attempt's last process is gone: its folder is the worker's again, so
@@ -135,10 +163,38 @@ class Walls:
             nofollow.chown_tree(job_folder, *self.owner)
         for built in venvs.glob(f"*/{READY}"):
             try:
-                if built.parent.lstat().st_uid == self.account.uid:
+                if built.parent.lstat().st_uid != os.geteuid():  # a job's, not sealed yet
                     _seal(built.parent, self.account.gid)
             except OSError as exc:  # swapped for a link meanwhile: left as it is
                 log.warning("virtualenv %s not sealed: %s", built.parent, exc)
+
+
+MAX_UIDS = 4096  # a range past this is a typo, not a box's running attempts
+
+
+def _uid_range(settings: Settings, account: JobAccount | None) -> range | None:
+    """TRAINYARD_JOB_UIDS as a range; SystemExit where it cannot hold: without a job
+    account, too wide, or holding a uid some account of the box has."""
+    if settings.job_uids is None:
+        return None
+    if account is None:
+        raise SystemExit("TRAINYARD_JOB_UIDS needs TRAINYARD_JOB_USER (whose group they share)")
+    first, last = (int(x) for x in settings.job_uids.split("-"))
+    uids = range(first, last + 1)
+    if not 0 < len(uids) <= MAX_UIDS or first < 1000:
+        raise SystemExit(
+            f"TRAINYARD_JOB_UIDS={settings.job_uids}: give 1 to {MAX_UIDS} uids, from 1000 up"
+        )
+    for uid in uids:
+        try:
+            taken = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            continue
+        raise SystemExit(
+            f"TRAINYARD_JOB_UIDS={settings.job_uids} holds uid {uid}, the account {taken}'s: "
+            "give a range no account uses"
+        )
+    return uids
 
 
 def _check_reachable(settings: Settings, account: JobAccount) -> None:
@@ -264,8 +320,6 @@ def probe(account: JobAccount | None = None) -> str | None:
 
 
 def _own_name() -> str:
-    import pwd
-
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
