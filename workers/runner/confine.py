@@ -21,8 +21,10 @@ import fcntl
 import os
 import socket
 import struct
+from typing import TYPE_CHECKING
 
-from workers.handoff import JobAccount
+if TYPE_CHECKING:  # this module stays light: the worker's probe imports it alone
+    from workers.handoff import JobAccount
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000

@@ -300,15 +300,20 @@ def _seal(folder: Path, gid: int) -> None:
 def probe(account: JobAccount | None = None) -> str | None:
     """Whether a runner here could isolate its network (as ``account``, if given): None
     if so, else why not. Tried in a new process, as a runner does it."""
+    # Light: it runs at every worker start. The account's switch is confine.become's,
+    # written out here so that the probe imports no model.
     code = (
-        "import sys\n"
-        "from workers.handoff import JobAccount\n"
-        "from workers.runner.confine import become, isolate_network\n"
-        "if len(sys.argv) > 1: become(JobAccount.model_validate_json(sys.argv[1]))\n"
+        "import os, socket, sys\n"
+        "from workers.runner.confine import isolate_network\n"
+        "if len(sys.argv) > 1:\n"
+        "    uid, gid, *groups = (int(x) for x in sys.argv[1:])\n"
+        "    os.setgroups(groups); os.setgid(gid); os.setuid(uid)\n"
+        "    import ctypes; ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again\n"
         "isolate_network()\n"
-        "import socket; socket.create_server(('127.0.0.1', 0)).close()\n"
+        "socket.create_server(('127.0.0.1', 0)).close()\n"
     )
-    argv = [sys.executable, "-P", "-c", code, *([account.model_dump_json()] if account else [])]
+    ids = [] if account is None else [account.uid, account.gid, *account.groups]
+    argv = [sys.executable, "-P", "-c", code, *map(str, ids)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=READY_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
