@@ -540,6 +540,8 @@ class Supervisor:
             self._supervise(time.monotonic())
             time.sleep(0.05)
         self.database.call(partial(catalog.worker_stopped, self.engine, self.worker_id))
+        for attempt in self.attempts.values():  # not finished: their reporters stop here
+            attempt.close_reporter()
         self.engine.dispose()
         self.launcher.close()
 
