@@ -60,7 +60,7 @@ class BlobStore:
     @classmethod
     def from_settings(cls, settings: Settings) -> BlobStore:
         """The store at ``blobs_dir``, or ``<data_dir>/blobs``."""
-        return cls(settings.blobs_dir or settings.data_dir / "blobs")
+        return cls(settings.blobs_path)
 
     def path(self, digest: str) -> Path:
         """Where the blob's file is (whether or not it is there)."""

@@ -262,6 +262,16 @@ class Settings(BaseSettings):
             )
         return value
 
+    @property
+    def cache_path(self) -> Path:
+        """A worker's cache, absolute: CACHE_DIR, else DATA_DIR/cache."""
+        return (self.cache_dir or self.data_dir / "cache").resolve()
+
+    @property
+    def blobs_path(self) -> Path:
+        """The blob store: BLOBS_DIR, else DATA_DIR/blobs."""
+        return self.blobs_dir or self.data_dir / "blobs"
+
     def require_safe_bind(self) -> None:
         """Refuse to serve a non-loopback address without a token."""
         if self.api_token or is_loopback(self.host):

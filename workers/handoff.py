@@ -73,7 +73,7 @@ class JobSettings(BaseModel):
             data_dir=data_dir,
             recipes_dir=None if settings.recipes_dir is None else settings.recipes_dir.resolve(),
             shared_dir=settings.shared_dir,
-            cache_dir=(settings.cache_dir or data_dir / "cache").resolve(),
+            cache_dir=settings.cache_path,
             requirements_timeout_s=settings.requirements_timeout_s,
             advertise_address=settings.advertise_address,
             socket_ifname=settings.socket_ifname,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from service.points import MetricPoint, ProgressPoint
 
@@ -152,49 +152,72 @@ class PointsReader:
         return points
 
 
-class PointsWriter:
-    """Rank 0's side: a queue the training loop puts points on (never blocks, never
-    waits on a disk), and a thread that appends them every ``FLUSH_INTERVAL_S``."""
+class Batcher:
+    """A queue the training loop (or a file's reader) puts points on, never blocking, and
+    a thread that takes them every ``flush_interval_s`` (``_loop``): rank 0's writer here,
+    the supervisor's reporter (``workers.supervisor.reporter``) there."""
 
-    def __init__(self, path: Path, *, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
-        self.path = path
+    def __init__(self, name: str, flush_interval_s: float) -> None:
         self.flush_interval_s = flush_interval_s
         self.points: queue.SimpleQueue[MetricPoint | ProgressPoint] = queue.SimpleQueue()
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="points-writer", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def put_nowait(self, item: MetricPoint | ProgressPoint) -> None:
         self.points.put_nowait(item)
 
-    def start(self) -> PointsWriter:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def start(self) -> Self:
         self._thread.start()
         return self
 
     def close(self) -> None:
-        """Append what is left and stop the thread."""
+        """Take care of what is left and stop the thread."""
         self._closing.set()
         self._thread.join()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def _interval(self) -> bool:
+        """Wait a whole interval (or until closed: True). Then everything queued meanwhile
+        is taken at once: a wake-up per point would take the GIL from the training loop
+        once per step (with a point every step: 0.81x)."""
+        return self._closing.wait(self.flush_interval_s)
+
+    def _take(
+        self, progress: ProgressPoint | None, metrics: list[MetricPoint]
+    ) -> tuple[ProgressPoint | None, list[MetricPoint]]:
+        """Add what was queued to a batch; only the newest progress matters."""
+        while True:
+            try:
+                item = self.points.get_nowait()
+            except queue.Empty:
+                return progress, metrics
+            if isinstance(item, ProgressPoint):
+                progress = item
+            else:
+                metrics.append(item)
+
+
+class PointsWriter(Batcher):
+    """Rank 0's side: the points it reports, appended to the file every interval."""
+
+    def __init__(self, path: Path, *, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+        super().__init__("points-writer", flush_interval_s)
+        self.path = path
+
+    def start(self) -> Self:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return super().start()
 
     def _loop(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             done = False
             while not done:
-                # A whole interval, then everything queued meanwhile: a wake-up per point
-                # would take the GIL from the training loop once per step.
-                done = self._closing.wait(self.flush_interval_s)
-                progress: ProgressPoint | None = None
-                lines: list[str] = []
-                while True:
-                    try:
-                        item = self.points.get_nowait()
-                    except queue.Empty:
-                        break
-                    if isinstance(item, ProgressPoint):
-                        progress = item  # only the newest matters
-                    else:
-                        lines.append(encode(item))
+                done = self._interval()
+                progress, metrics = self._take(None, [])
+                lines = [encode(m) for m in metrics]
                 if progress is not None:  # last: it sums up the points before it
                     lines.append(encode(progress))
                 if lines:

@@ -107,15 +107,7 @@ def test_a_recipe_ddp_job_listens_on_loopback_and_keeps_its_secrets(
 @pytest.mark.slow
 def test_a_script_ddp_job_listens_on_loopback_only(stack: Stack, tmp_path: Path) -> None:
     stack.start_worker(env={"TRAINYARD_API_TOKEN": API_TOKEN})
-    release = tmp_path / "release"
-    job = stack.submit(
-        code=put_package(stack.http, PROBE_SCRIPT, tmp_path),
-        entrypoint=["python", "probe.py", str(release)],
-        strategy="ddp",
-        devices=2,
-        accelerator="cpu",
-    )
-    output = tmp_path / "data" / "jobs" / str(job["id"]) / "output"
+    job, release, output = submit_probe_script(stack, tmp_path)
     seen = wait_for(lambda: _reports(output, 2, "rank-*.json"), 120, "both ranks to join")
     ranks = script_pids(stack, job["id"], 1)
     pids = [*group_members(stack.runner_pgid(job["id"])), *ranks]
@@ -130,6 +122,20 @@ def test_a_script_ddp_job_listens_on_loopback_only(stack: Stack, tmp_path: Path)
     done = stack.wait_status(job["id"], {"succeeded", "failed"})
     assert done["status"] == "succeeded", done
     _assert_private(tmp_path / "data" / "jobs" / str(job["id"]))
+
+
+def submit_probe_script(stack: Stack, tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
+    """A ddp script job of two ranks that each leave a report in its output folder, then
+    wait for the release file: the job, the release file, the output folder."""
+    release = tmp_path / "release"
+    job = stack.submit(
+        code=put_package(stack.http, PROBE_SCRIPT, tmp_path),
+        entrypoint=["python", "probe.py", str(release)],
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+    )
+    return job, release, tmp_path / "data" / "jobs" / str(job["id"]) / "output"
 
 
 def test_a_job_inherits_only_allow_listed_variables(monkeypatch: pytest.MonkeyPatch) -> None:

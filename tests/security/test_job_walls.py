@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.scripts import put_package
-from tests.security.test_job_processes import listening
+from tests.security.test_job_processes import listening, submit_probe_script
 from tests.stack import REPO, Stack, running_stack, stack_env, wait_for
 from tests.workers.script.test_venvs import make_wheel
 from workers.procfs import group_members
@@ -31,7 +31,6 @@ from workers.supervisor.walls import probe
 
 ACCOUNT = "trainyard-test-job"
 HUNTER = Path(__file__).with_name("hunter")
-PROBE_SCRIPT = Path(__file__).with_name("probe_script")
 # The worker's token: jobs must find no text holding its marker, anywhere they can look.
 TOKEN = "TYWALLS-worker-token-no-job-may-find-7d1e"
 
@@ -53,15 +52,7 @@ def test_no_process_outside_a_one_box_job_reaches_its_rendezvous_or_gloo_ports(
     _network_isolation()
     with running_stack(tmp_path) as stack:
         stack.start_worker()
-        release = tmp_path / "release"
-        job = stack.submit(
-            code=put_package(stack.http, PROBE_SCRIPT, tmp_path),
-            entrypoint=["python", "probe.py", str(release)],
-            strategy="ddp",
-            devices=2,
-            accelerator="cpu",
-        )
-        output = tmp_path / "data" / "jobs" / str(job["id"]) / "output"
+        job, release, output = submit_probe_script(stack, tmp_path)
         wait_for(lambda: len(list(output.glob("rank-*.json"))) == 2, 120, "both ranks to join")
         pids = group_members(stack.runner_pgid(job["id"]))
         ports = {address_port for pid in pids for address_port in _listening_ports(pid)}

@@ -39,7 +39,7 @@ class BlobCache:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.local = BlobStore.from_settings(settings)
-        self.root = (settings.cache_dir or settings.data_dir / "cache").resolve()
+        self.root = settings.cache_path
         self.api_url = settings.api_url or f"http://{_reachable(settings.host)}:{settings.port}"
 
     def blob(self, digest: str) -> Path:

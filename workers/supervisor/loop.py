@@ -167,10 +167,6 @@ class Supervisor:
         finally:
             self._shutdown()
 
-    @property
-    def _cache_dir(self) -> Path:
-        return (self.settings.cache_dir or self.settings.data_dir / "cache").resolve()
-
     def _open(self) -> None:
         """What the constructor leaves to ``run``: the zygote, the devices, the recipes."""
         # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree,
@@ -509,7 +505,7 @@ class Supervisor:
         # Before the store hears of it: once it does, the job may be claimed again (here
         # or, on a shared DATA_DIR, on another box) and its folder handed over anew.
         try:
-            self.walls.take_back(files.root, self._cache_dir / "venvs")
+            self.walls.take_back(files.root, self.settings.cache_path / "venvs")
         except OSError:  # the folder stays the job account's; the outcome is still recorded
             log.exception("job %s: its folder could not be taken back", attempt.job_id)
         if outcome.status == JobStatus.queued:  # handed back (shutdown, preempted)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +20,7 @@ from service import store
 from service.db import unavailable
 from service.points import MetricPoint, ProgressPoint
 from service.store import Fence
-from workers.jobfiles import write_atomic
-from workers.points_file import PointsReader
+from workers.points_file import Batcher, PointsReader
 from workers.supervisor import nofollow
 
 log = logging.getLogger(__name__)
@@ -37,13 +34,14 @@ CLOSE_LIMIT_S = 10.0
 MAX_ENVIRONMENT_BYTES = 2**20
 
 
-class DbReporter:
-    """A queue of points, and a thread that writes them in batches.
+class DbReporter(Batcher):
+    """A queue of points, and a thread that writes them in batches, fenced.
 
     ``put_nowait`` never blocks and never touches the database; only the latest progress
     of a batch is written. ``source``: a points file the thread reads every interval
     (rank 0's, in another process); ``environment``: the runner's environment record,
-    stored once it is there.
+    stored once it is there; both, and ``flushed_marker``, below ``job_folder``, which is
+    the job's: read and written never through a link.
     """
 
     def __init__(
@@ -53,50 +51,33 @@ class DbReporter:
         *,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         on_lease_lost: Callable[[], object] | None = None,
-        flushed_marker: Path | None = None,
         lease_s: float | None = None,
         source: PointsReader | None = None,
-        environment: Path | None = None,
-        marker_owner: tuple[int, int] | None = None,
         job_folder: Path | None = None,
+        environment: Path | None = None,
+        flushed_marker: Path | None = None,
+        marker_owner: tuple[int, int] | None = None,
     ) -> None:
+        super().__init__("db-reporter", flush_interval_s)
+        if job_folder is None and (environment or flushed_marker):
+            raise ValueError("a job's environment record and marker are below its folder")
         self.engine = engine
-        self.source = source
-        self.environment = environment
-        self.marker_owner = marker_owner  # (uid, gid) of the job's account, which reads it
-        # the job's own folder: what is below it is read and written never through a link
-        self.job_folder = job_folder
         self.fence = fence
         self.on_lease_lost = on_lease_lost
-        self.flushed_marker = flushed_marker
         self.lease_s = lease_s
+        self.source = source
+        self.job_folder = job_folder
+        self.environment = environment
+        self.flushed_marker = flushed_marker
+        self.marker_owner = marker_owner  # (uid, gid) of the job's account, which reads it
         self._last_stored = time.monotonic()
-        self.flush_interval_s = flush_interval_s
-        self.points: queue.SimpleQueue[MetricPoint | ProgressPoint] = queue.SimpleQueue()
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="db-reporter", daemon=True)
-
-    def put_nowait(self, item: MetricPoint | ProgressPoint) -> None:
-        self.points.put_nowait(item)
-
-    def start(self) -> DbReporter:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Write what is left and stop the thread."""
-        self._closing.set()
-        self._thread.join()
 
     def _loop(self) -> None:
         progress: ProgressPoint | None = None
         metrics: list[MetricPoint] = []
         done = False
         while not done:
-            # Sleep a whole interval, then take everything queued meanwhile. Blocking on
-            # the queue instead would wake this thread once per point, and each wake-up
-            # takes the GIL from the training loop (with a point every step: 0.81x).
-            done = self._closing.wait(self.flush_interval_s)
+            done = self._interval()
             last_look = time.monotonic() + (CLOSE_LIMIT_S if done else 0.0)
             try:
                 self._record_environment()
@@ -113,20 +94,6 @@ class DbReporter:
             except Exception:  # never the thread's end: the next interval tries again
                 log.exception("job %s: reporting failed; trying again", self.fence.job_id)
 
-    def _take(
-        self, progress: ProgressPoint | None, metrics: list[MetricPoint]
-    ) -> tuple[ProgressPoint | None, list[MetricPoint]]:
-        """Add what was queued to the batch (only the newest progress matters)."""
-        while True:
-            try:
-                item = self.points.get_nowait()
-            except queue.Empty:
-                return progress, metrics
-            if isinstance(item, ProgressPoint):
-                progress = item
-            else:
-                metrics.append(item)
-
     def _read_source(self) -> bool:
         """Queue what rank 0 appended since the last look, one bounded read; whether it
         found any."""
@@ -139,13 +106,10 @@ class DbReporter:
 
     def _record_environment(self) -> None:
         """Store the runner's environment record once it is whole on disk."""
-        if self.environment is None:
+        if self.environment is None or self.job_folder is None:
             return
         try:  # the job's own writing: bounded, and never through a link
-            if self.job_folder is not None:
-                data = nofollow.read(self.job_folder, self.environment, MAX_ENVIRONMENT_BYTES + 1)
-            else:
-                data = self.environment.read_bytes() if self.environment.exists() else None
+            data = nofollow.read(self.job_folder, self.environment, MAX_ENVIRONMENT_BYTES + 1)
             if data is None:
                 return
             record = json.loads(data)
@@ -210,15 +174,10 @@ class DbReporter:
         self._last_stored = time.monotonic()
         if not owned:
             self._lost()
-        elif metrics and self.flushed_marker is not None:
+        elif metrics and self.flushed_marker is not None and self.job_folder is not None:
             # Points arrive in step order: everything up to this step is stored now.
-            step = str(max(m.step for m in metrics))
-            if self.job_folder is not None:  # the job's folder: never through a link
-                nofollow.write(
-                    self.job_folder, self.flushed_marker, step.encode(), self.marker_owner
-                )
-            else:
-                write_atomic(self.flushed_marker, step)
+            step = str(max(m.step for m in metrics)).encode()
+            nofollow.write(self.job_folder, self.flushed_marker, step, self.marker_owner)
         return True
 
     def _lost(self) -> None:

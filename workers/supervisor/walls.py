@@ -119,7 +119,7 @@ class Walls:
 
     def room(self, in_use: set[int]) -> bool:
         """Whether a new attempt could start: a uid of the range is free."""
-        return self.account is None or self.uids is None or len(in_use) < len(self.uids)
+        return self.uids is None or len(in_use) < len(self.uids)  # uids need an account
 
     def published(self) -> dict[str, Any]:
         """What ``/api/v1/workers`` shows of it."""
@@ -144,12 +144,11 @@ class Walls:
         account = account or self.account
         if account is None:
             return
-        if shared is not None:  # SHARED_DIR/jobs/<id>/checkpoints, reached by passing through
-            shared.mkdir(parents=True, exist_ok=True)
-            _pass_through(shared.parent)
         for own in (job_folder, *([shared] if shared is not None else [])):
             own.mkdir(parents=True, exist_ok=True)
             nofollow.chown_tree(own, account.uid, account.gid)
+        if shared is not None:  # SHARED_DIR/jobs/<id>/checkpoints, reached by passing through
+            _pass_through(shared.parent)
         for path in reads:
             _readable_by(path.resolve(), account.gid)
 
@@ -202,8 +201,8 @@ def _check_reachable(settings: Settings, account: JobAccount) -> None:
     the worker opens its own folders to pass through (not to list), never the folders
     above them, which are the box's: SystemExit naming the one in the way."""
     data_dir = settings.data_dir.resolve()
-    cache_dir = (settings.cache_dir or data_dir / "cache").resolve()
-    blobs_dir = (settings.blobs_dir or data_dir / "blobs").resolve()
+    cache_dir = settings.cache_path
+    blobs_dir = settings.blobs_path.resolve()
     venvs = cache_dir / "venvs"
     for folder in (data_dir / "jobs", cache_dir / "code", cache_dir / "blobs", venvs):
         folder.mkdir(parents=True, exist_ok=True)
