@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from service.errors import BlobNotFound
-from service.models import DIGEST_MAX, Job, JobStatus, UTCDateTime, utcnow
+from service.models import DIGEST_MAX, USER_NAME_MAX, Job, JobStatus, UTCDateTime, utcnow
 
 # A job in one of these still needs its blobs: they are neither deleted nor swept.
 UNFINISHED = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
@@ -33,6 +33,19 @@ class Blob(SQLModel, table=True):
     size: int = Field(sa_type=BigInteger)  # data files pass 2 GiB: INTEGER is 32-bit
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     last_used_at: datetime | None = Field(None, sa_type=UTCDateTime)
+
+
+class BlobUpload(SQLModel, table=True):
+    """Who uploaded a blob. A digest names bytes, not a person: each user who PUT the same
+    bytes has a row. An uploader may read and delete it (an admin any), and a blob stored
+    before uploads were recorded has none."""
+
+    __tablename__ = "blob_upload"
+    __table_args__ = (Index("ix_blob_upload_uploader", "uploader"),)  # a user's own blobs
+
+    digest: str = Field(primary_key=True, max_length=DIGEST_MAX)
+    uploader: str = Field(primary_key=True, max_length=USER_NAME_MAX)
+    uploaded_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class JobBlob(SQLModel, table=True):

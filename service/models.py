@@ -229,7 +229,22 @@ class JobBase(SQLModel):
         description="false: never stopped to make room for another job (only an admin may "
         "submit such a job).",
     )
-    max_attempts: int = Field(3, ge=1, le=10)
+    max_attempts: int = Field(
+        3,
+        ge=1,
+        le=10,
+        description="Attempts in all. A failure that is not the job's fault (a lost worker "
+        "or node, a runner killed from outside, preemption, a database outage) is retried "
+        "until they are spent; the job's own failure only as retries_on_error allows.",
+    )
+    retries_on_error: int = Field(
+        0,
+        ge=0,
+        le=9,
+        description="How many times the job's own failure (a script's non-zero exit, an "
+        "exception in a recipe) is retried, within max_attempts. 0: it fails at once, since "
+        "the same code on the same data fails again.",
+    )
     timeout_s: int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="Wall-clock limit per attempt."
     )
@@ -302,6 +317,8 @@ class Job(JobBase, table=True):
         # The listing's (newest first, by status).
         Index("ix_job_status_id", "status", "id"),
         Index("ix_job_worker", "worker_id", "status"),
+        # An Idempotency-Key is its owner's: two users' equal keys are two jobs.
+        Index("ux_job_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -333,7 +350,7 @@ class Job(JobBase, table=True):
     run_after: datetime | None = Field(None, sa_type=UTCDateTime)
     # When it was last stopped to make room for another job: not again for a while.
     preempted_at: datetime | None = Field(None, sa_type=UTCDateTime)
-    idempotency_key: str | None = Field(None, max_length=200, unique=True)
+    idempotency_key: str | None = Field(None, max_length=200)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(None, sa_type=UTCDateTime)
@@ -538,6 +555,9 @@ class Worker(SQLModel, table=True):
     across_boxes: bool = False
     # what protects the box from its jobs (workers.supervisor.walls); None: not said
     job_walls: dict[str, str] | None = Field(default=None, sa_type=JSON)
+    # its cache of packages, virtualenvs and blobs: size, budget, the disk's free space,
+    # and why it takes no job when that is low (workers.supervisor's cache upkeep)
+    cache: dict[str, Any] | None = Field(default=None, sa_type=JSON)
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
