@@ -350,6 +350,9 @@ class Job(JobBase, table=True):
     run_after: datetime | None = Field(None, sa_type=UTCDateTime)
     # When it was last stopped to make room for another job: not again for a while.
     preempted_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    # The attempt that was: every node of a job across boxes sees it as its lease renews,
+    # and stops with the rest of its gang.
+    preempted_attempt: int | None = None
     idempotency_key: str | None = Field(None, max_length=200)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(None, sa_type=UTCDateTime)

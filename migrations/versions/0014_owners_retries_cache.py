@@ -1,5 +1,5 @@
 """Who uploaded each blob, Idempotency-Keys scoped to their owner, retries of a job's own
-failure, and each worker's cache
+failure, the attempt a preemption stopped, and each worker's cache
 
 Revision ID: 0014
 Revises: 0013
@@ -43,6 +43,7 @@ def upgrade() -> None:
     op.add_column(
         "job", sa.Column("retries_on_error", sa.Integer(), nullable=False, server_default="0")
     )
+    op.add_column("job", sa.Column("preempted_attempt", sa.Integer(), nullable=True))
 
     # An Idempotency-Key was unique across all users; now it is unique per owner.
     if op.get_bind().dialect.name == "postgresql":
@@ -71,6 +72,7 @@ def downgrade() -> None:
         batch_op.create_unique_constraint("job_idempotency_key_key", ["idempotency_key"])
     with op.batch_alter_table("job", schema=None) as batch_op:
         batch_op.drop_column("retries_on_error")
+        batch_op.drop_column("preempted_attempt")
     with op.batch_alter_table("worker", schema=None) as batch_op:
         batch_op.drop_column("cache")
     op.drop_index("ix_blob_upload_uploader", table_name="blob_upload")
