@@ -8,11 +8,13 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from service.models import Accelerator, Optimizer, Precision, Strategy
 from service.points import MetricPoint, ProgressPoint
 from workers.ranks import strategies
 from workers.ranks.training import InProcess, RunSpec
+from workers.rate import RATE_WINDOW_S
 from workers.recipes import load_recipes
 
 BATCH = 32
@@ -29,23 +31,31 @@ class Points:
 
 
 def test_samples_per_s_is_the_training_speed_whatever_validation_costs(tmp_path: Path) -> None:
-    step_times: list[list[float]] = []  # per epoch, when each training step computed its loss
+    """Each reported rate against the speed of the very steps it covers, both read from
+    the same moments: a loaded box slows some epochs more than others, and a rate over
+    other steps (the whole run's average, say) would differ from it by more than any
+    bound. What the test tells apart is a rate that counted validation."""
+    step_ends: list[list[float]] = [[]]  # per epoch, when each optimizer step returned
+    first_step = True
 
-    def timed_loss(out: Tensor, y: Tensor) -> Tensor:
-        if torch.is_grad_enabled():  # a training step (validation runs under no_grad)
-            if not step_times[0]:
-                # The process's first step pays one-time costs (seen: ~0.5 s on a loaded
-                # box): a rate measured from it would read a fraction of the real speed.
-                time.sleep(FIRST_STEP_S)
-            step_times[-1].append(time.perf_counter())
+    def slow_first_loss(out: Tensor, y: Tensor) -> Tensor:
+        nonlocal first_step
+        if first_step and torch.is_grad_enabled():
+            # The process's first step pays one-time costs (seen: ~0.5 s on a loaded box):
+            # a rate measured from it would read a fraction of the real speed.
+            first_step = False
+            time.sleep(FIRST_STEP_S)
         return nn.functional.cross_entropy(out, y)
 
     def slow_metrics(out: Tensor, y: Tensor) -> dict[str, float]:
         time.sleep(VALIDATION_S)
-        step_times.append([])  # the next epoch's steps
+        step_ends.append([])  # the next epoch's steps
         return {}
 
-    recipe = replace(load_recipes()["mlp-classifier"], loss=timed_loss, metrics=slow_metrics)
+    def step_ended(*_: object) -> None:
+        step_ends[-1].append(time.monotonic())  # the clock rank 0's progress reads
+
+    recipe = replace(load_recipes()["mlp-classifier"], loss=slow_first_loss, metrics=slow_metrics)
     spec = RunSpec(
         job_id=1,
         recipe=recipe.name,
@@ -63,22 +73,39 @@ def test_samples_per_s_is_the_training_speed_whatever_validation_costs(tmp_path:
         job_dir=str(tmp_path),
     )
     points = Points()
-    step_times.append([])
     params = recipe.params.model_validate(spec.params)
-    strategies.run(spec, InProcess(points), recipe=recipe, params=params)
+    hook = register_optimizer_step_post_hook(step_ended)
+    try:
+        strategies.run(spec, InProcess(points), recipe=recipe, params=params)
+    finally:
+        hook.remove()
+    ends = [t for epoch in step_ends for t in epoch]  # ends[k - 1]: step k's end
+    assert [len(epoch) for epoch in step_ends if epoch] == [64, 64, 64]
+    training_s = sum(epoch[-1] - epoch[0] for epoch in step_ends if epoch)
+    assert training_s < RATE_WINDOW_S  # every rate runs from the first step (no window)
 
-    # The training speed, measured here: the time from one step to the next in an epoch.
-    gaps = [b - a for epoch in step_times for a, b in zip(epoch, epoch[1:], strict=False)]
-    assert len(gaps) == 3 * (64 - 1)
-    trains_at = BATCH * len(gaps) / sum(gaps)
-
-    progress = [p for p in points.items if isinstance(p, ProgressPoint)]
-    rates = [p.samples_per_s for p in progress if p.samples_per_s is not None]
-    rates += [p.value for p in points.items if getattr(p, "name", "") == "train/samples_per_s"]
-    assert len(rates) >= 6  # each epoch's end, as progress and as a metric point
-    # Counting a validation in would divide the rate by ~15 (0.3 s of sleep per ~20 ms
-    # epoch); the reported rate also spans each epoch's first step, which the gaps do not.
-    for rate in rates:
-        assert trains_at / 2 < rate < trains_at * 2, (rate, trains_at)
-    last = progress[-1]
+    reported = [
+        (p.step, p.samples_per_s)
+        for p in points.items
+        if isinstance(p, ProgressPoint) and p.samples_per_s is not None
+    ]
+    reported += [
+        (p.step, p.value)
+        for p in points.items
+        if isinstance(p, MetricPoint) and p.name == "train/samples_per_s"
+    ]
+    assert len(reported) >= 6  # each epoch's end, as progress and as a metric point
+    for step, rate in reported:
+        # The rate runs from step 1's end to step ``step``'s, on a clock that stops at
+        # each epoch's end: the same span, less each pause (validation and the next
+        # epoch's first step, which the test cannot split apart).
+        until = ends[step - 1]
+        gaps = [b - a for e in step_ends for a, b in zip(e, e[1:], strict=False) if b <= until]
+        trains_at = BATCH * len(gaps) / sum(gaps)
+        with_validation = BATCH * (step - 1) / (until - ends[0])
+        assert rate is not None and rate < trains_at * 1.5, (step, rate, trains_at)
+        # Nearer the training speed than a rate with validation in it (~15x slower on an
+        # idle box; less where load slows the steps, never as slow as the validation).
+        assert rate * rate > trains_at * with_validation, (step, rate, trains_at, with_validation)
+    last = [p for p in points.items if isinstance(p, ProgressPoint)][-1]
     assert last.step == last.total_steps == 3 * 64 and last.eta_s == 0
