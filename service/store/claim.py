@@ -254,6 +254,7 @@ def take(target: Any) -> Any:
             started_at=bindparam("now"),
             finished_at=None,
             progress=None,
+            preempted_attempt=None,  # a preempted attempt's mark is not the next one's
             reason_code=ReasonCode.running,
             reason_message=bindparam("message"),
             **NEXT_STATUS,
@@ -378,10 +379,12 @@ def record_start(engine: Engine, fence: Fence, *, devices: list[int], pgid: int)
 
 
 class Held(NamedTuple):
-    """A lease still held, with what the worker needs to act on: cancel, stalled steps."""
+    """A lease still held, with what the worker needs to act on: cancel, stalled steps,
+    and a preemption of this attempt (by another node's worker, for a job across boxes)."""
 
     status: JobStatus
     step: int | None
+    preempted: bool = False
 
 
 def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int, Held]:
@@ -398,9 +401,10 @@ def renew_lease(engine: Engine, fences: list[Fence], lease_s: float) -> dict[int
                 update(Job)
                 .where(*fenced(fence))
                 .values(lease_expires_at=expires)
-                .returning(Job.status, Job.progress)
+                .returning(Job.status, Job.progress, Job.preempted_attempt)
             ).first()
             if row is not None:
-                status, progress = row
-                held[fence.job_id] = Held(JobStatus(status), (progress or {}).get("step"))
+                status, progress, preempted = row
+                step = (progress or {}).get("step")
+                held[fence.job_id] = Held(JobStatus(status), step, preempted == fence.attempt)
     return held

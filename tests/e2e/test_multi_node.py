@@ -187,3 +187,28 @@ def test_a_torchrun_script_spans_two_boxes_unchanged(stack: Stack, tmp_path: Pat
     assert weights.status_code == 200  # the API serves it from the one DATA_DIR
     # (within 1e-4: each box runs its rank with two threads, torchrun by hand with one)
     assert_same_weights(torch.load(io.BytesIO(weights.content)), by_hand(tmp_path, command))
+
+
+def test_a_preempted_gang_stops_on_every_box_and_resumes_to_the_same_weights(
+    stack: Stack,
+) -> None:
+    """A job across boxes is preempted like any other: a job that outranks it and waits
+    stops it, the whole gang checkpoints and goes back to the queue without spending an
+    attempt, and it resumes (a new gang) to the weights of an uninterrupted run."""
+    for name in ("box0", "box1"):
+        start_box(stack, name, preempt_after_s=1, preempt_cooldown_s=3600)
+    spec = {**SPEC, "epochs": 8, "params": {"samples": 512, "sleep_per_step_s": 0.1}}
+    gang = stack.submit(**spec, devices=1, nodes=2)
+    wait_for(lambda: (stack.job(gang["id"])["progress"] or {}).get("epoch", 0) >= 2, 90, "epoch 2")
+    urgent = stack.submit(**{**SPEC, "strategy": "single"}, priority=5)
+    back = stack.wait_status(gang["id"], {"queued", "failed", "succeeded"}, timeout_s=60)
+    assert back["status"] == "queued" and back["attempt"] == 1, back
+    assert back["reason"]["code"] == "preempted", back["reason"]
+    assert stack.wait_status(urgent["id"], {"succeeded", "failed"})["status"] == "succeeded"
+    done = stack.wait_status(gang["id"], {"succeeded", "failed"}, timeout_s=180)
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    assert any("resuming from epoch-" in t for t in log_texts(stack, gang["id"]))
+    assert_same_weights(model_of(stack, gang["id"]), reference(devices=2, epochs=8))
+    events = stack.http.get("/audit", params={"limit": 500}).json()["items"]
+    marks = [e for e in events if e["action"] == "preempted"]
+    assert [e["target"] for e in marks] == [f"job {gang['id']}"], marks  # once, not per node

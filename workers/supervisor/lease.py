@@ -58,6 +58,12 @@ class Leases:
             attempt.renewed(asked)  # leases run from when we asked, not when it returned
             if lease.status == JobStatus.cancelling:
                 attempt.request_stop(StopReason.cancel, self.kill_grace_s)
+            elif lease.preempted and attempt.stop_reason is None:
+                # another node's worker stopped the gang: this node checkpoints and stops
+                # with it (its ranks would otherwise wait on the stopped ones)
+                attempt.preempted_by = "another job, with the rest of its nodes"
+                attempt.note("preempted with the rest of its nodes: checkpointing and stopping")
+                attempt.request_stop(StopReason.preempted, self.kill_grace_s)
             if attempt.saw_step(lease.step, now) > self.stall_timeout_s:
                 attempt.request_stop(StopReason.stalled, self.kill_grace_s)
         for job_id in store.expire_leases(self.engine):

@@ -419,9 +419,8 @@ class Supervisor:
         self.preemptor.check(
             time.monotonic(),
             self.attempts,
-            free=len(self.box.offer(self._holdings()).whole),
-            total=len(self.box.devices),
-            accelerator=self.box.accelerator,
+            self.box,
+            gang_held=self.gangs.held(),
             recipes=sorted(self.recipes),
         )
 
