@@ -3,20 +3,25 @@
 A submit and a rerun both call ``admit``, so a spec a submit refuses a rerun refuses with
 the same status and words. In order: who may ask for it (403), whether this server can
 run it at all (a job across boxes needs PostgreSQL) and whether a registered worker could
-(422), the owner's limit on queued jobs (429), then its inputs (422). The inputs come
-last because their check is the costly one (it reads the stored blobs and unpacks the
-package): it runs only for a job that passed everything else.
+(422), whether it fits its owner's quota of running devices at all (422: it would wait
+forever), then its inputs (422). The owner's limit on queued jobs (429) is counted in the
+transaction that inserts the job (``service.store.submit``), so submits racing each other
+cannot pass it; a job with inputs is also counted before them, because their check is the
+costly one (it reads the stored blobs and unpacks the package).
 
 Each refusal is a domain error, mapped to HTTP in the one handler of ``service.api``.
 ``admit`` runs on the event loop and hands a step to the thread pool only where it must
-query: a submit the cached catalog accepts, by a user under no queue limit, with no code
-of its own, holds no thread before its insert.
+query: a one-device submit the cached catalog accepts, with no code of its own, holds no
+thread before its insert.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from anyio import to_thread
 from sqlalchemy import Engine
+from sqlmodel import select
 
 from service import store, users
 from service.blobs import BlobStore
@@ -24,11 +29,19 @@ from service.catalog import CatalogCache
 from service.db import is_sqlite, read_session
 from service.errors import SpecInvalid
 from service.inputs import check_inputs
-from service.models import JobCreate
+from service.models import JobCreate, User
 from service.packages import PackageLimits
 from service.reasons import ReasonCode
 from service.settings import Settings
 from service.users import Identity
+
+
+class Admitted(NamedTuple):
+    """What the insert needs of an admitted job: why it waits, and its owner's limit on
+    queued jobs (counted with the insert; None: no limit)."""
+
+    reason: tuple[ReasonCode, str]
+    queue_limit: tuple[int, str] | None
 
 
 async def admit(
@@ -39,24 +52,26 @@ async def admit(
     catalogs: CatalogCache,
     settings: Settings,
     blobs: BlobStore,
-) -> tuple[ReasonCode, str]:
-    """Refuse a spec ``who`` may not enqueue now; else the reason the job waits with."""
+) -> Admitted:
+    """Refuse a spec ``who`` may not enqueue; else why it waits, and the queued limit."""
     users.check_spec_rights(who, spec)
     _check_database(engine, spec)
     reason = catalogs.check_cached(spec)
     if reason is None:  # the cached catalog expired, or would refuse it: ask as of now
         reason = await to_thread.run_sync(catalogs.check, engine, spec)
+    if spec.devices * spec.nodes > 1:  # every quota allows one device: no query for those
+        await to_thread.run_sync(_check_running_quota, engine, who.name, spec, settings)
     own_limits = users.OWN_LIMITS.cached()
     if own_limits is None:
         own_limits = await to_thread.run_sync(users.OWN_LIMITS.get, engine)
     queue_limit = users.queue_limit(own_limits, who.name, settings)
-    if queue_limit is not None:
-        await to_thread.run_sync(_check_queue_quota, engine, who.name, queue_limit)
     if spec.code is not None:  # its own code and data: stored, and the package safe
         # (data without code was refused with the catalog's check of the spec's shape)
+        if queue_limit is not None:  # a full queue is said before the costly check
+            await to_thread.run_sync(_check_queue_quota, engine, who.name, queue_limit)
         limits = PackageLimits.from_settings(settings)
         await to_thread.run_sync(check_inputs, engine, blobs, limits, spec)
-    return reason
+    return Admitted(reason, queue_limit)
 
 
 def _check_database(engine: Engine, spec: JobCreate) -> None:
@@ -66,6 +81,30 @@ def _check_database(engine: Engine, spec: JobCreate) -> None:
             ("nodes",),
             "nodes > 1 spans several boxes, whose workers share one PostgreSQL database; "
             "this server's database is SQLite, which serves the workers of one box",
+        )
+
+
+def _check_running_quota(engine: Engine, owner: str, spec: JobCreate, settings: Settings) -> None:
+    """A job needing more devices than its owner may hold at once would never start."""
+    with read_session(engine) as session:
+        own = session.exec(select(User.max_running_devices).where(User.name == owner)).first()
+    if own is not None:
+        limit, where = own, f"{owner}'s own limit"
+    elif settings.max_running_devices_per_user is not None:
+        limit, where = (
+            settings.max_running_devices_per_user,
+            "TRAINYARD_MAX_RUNNING_DEVICES_PER_USER",
+        )
+    else:
+        return
+    needed = spec.devices * spec.nodes
+    if needed > limit:
+        across = f" ({spec.nodes} nodes x {spec.devices})" if spec.nodes > 1 else ""
+        raise SpecInvalid.at(
+            ("devices",),
+            f"the job needs {needed} devices{across}, more than {owner}'s running quota of "
+            f"{limit} ({where}): it would wait forever; ask for at most {limit}, or ask an "
+            "admin to raise the quota",
         )
 
 

@@ -9,7 +9,9 @@ under load) and inserts it all in one transaction. Nothing waits on a timer: an 
 submit is written at once.
 
 A row the database refuses (one that got past validation) fails its own request only:
-a batch that fails is written again row by row.
+a batch that fails is written again row by row. ``write`` may also refuse a row itself
+(an owner's limit, counted in the batch's transaction): it returns the exception in that
+row's place, the caller gets it, and the batch's other rows are committed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 256
 
 Values = dict[str, Any]  # one row to insert
-Write = Callable[[Session, list[Values]], list[Any]]
+# Writes the batch's items in the session; one result per item, an exception to raise to
+# that item's caller in place of a refused item's result.
+Write = Callable[[Session, list[Any]], list[Any]]
 
 
 class GroupCommit:
@@ -39,14 +43,14 @@ class GroupCommit:
 
     def __init__(self, engine: Engine, write: Write) -> None:
         self.engine = engine
-        self.write = write  # inserts the rows in the session; returns one result per row
-        self.pending: queue.SimpleQueue[tuple[Values, Future[Any]]] = queue.SimpleQueue()
+        self.write = write
+        self.pending: queue.SimpleQueue[tuple[Any, Future[Any]]] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="group-commit", daemon=True).start()
 
-    def submit(self, row: Values) -> Any:
+    def submit(self, row: Any) -> Any:
         return self.enqueue(row).result()
 
-    def enqueue(self, row: Values) -> Future[Any]:
+    def enqueue(self, row: Any) -> Future[Any]:
         """The row's future: an event loop awaits it (``asyncio.wrap_future``) and holds no
         thread while the row waits for its batch."""
         done: Future[Any] = Future()
@@ -55,7 +59,7 @@ class GroupCommit:
 
     def _run(self) -> None:
         while True:
-            batch: list[tuple[Values, Future[Any]]] = []
+            batch: list[tuple[Any, Future[Any]]] = []
             while len(batch) < MAX_BATCH:
                 try:
                     row, done = self.pending.get(block=not batch)
@@ -85,12 +89,15 @@ class GroupCommit:
                     except BaseException as row_exc:
                         one[1].set_exception(row_exc)
 
-    def _commit(self, batch: list[tuple[Values, Future[Any]]]) -> None:
+    def _commit(self, batch: list[tuple[Any, Future[Any]]]) -> None:
         """Write the batch's rows in one transaction, then answer each row's future."""
         with write_session(self.engine) as session:
             results = self.write(session, [row for row, _ in batch])
         for (_, done), result in zip(batch, results, strict=True):
-            done.set_result(result)
+            if isinstance(result, Exception):
+                done.set_exception(result)
+            else:
+                done.set_result(result)
 
 
 _committers: WeakKeyDictionary[Engine, GroupCommit] = WeakKeyDictionary()

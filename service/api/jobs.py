@@ -13,7 +13,18 @@ from pathlib import PurePosixPath
 from typing import Annotated, BinaryIO
 from urllib.parse import quote
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response, status
+from fastapi import (
+    APIRouter,
+    Body,
+    Depends,
+    Header,
+    HTTPException,
+    Path,
+    Query,
+    Request,
+    Response,
+    status,
+)
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
@@ -21,7 +32,7 @@ from sqlalchemy import Engine
 from sqlmodel import col, select
 
 from service import audit, store, users
-from service.admission import admit
+from service.admission import Admitted, admit
 from service.api.deps import (
     BlobStoreDep,
     CatalogDep,
@@ -44,6 +55,7 @@ from service.artifacts import list_artifacts, open_artifact
 from service.audit import Action
 from service.catalog import waiting_reason
 from service.db import read_session
+from service.events import HeldStream
 from service.models import (
     JOB_EXAMPLE,
     MAX_INT32,
@@ -61,11 +73,12 @@ from service.models import (
     MetricRead,
     NulFreeStr,
 )
-from service.reasons import ReasonCode
 from service.users import Identity
 
 # An artifact streams in pieces this large (a checkpoint may be many GiB).
 ARTIFACT_CHUNK_BYTES = 2**20
+# Seconds a client refused an event stream waits before asking again.
+STREAM_RETRY_AFTER_S = 10
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=GUARDED)
 
@@ -108,11 +121,14 @@ async def submit_job(
     ] = None,
 ) -> JobRead:
     """Validate a job spec against the recipe catalog and enqueue it."""
-    reason = await admit(
+    admitted = await admit(
         spec, who, engine=engine, catalogs=catalogs, settings=settings, blobs=blobs
     )
     if idempotency_key is None and spec.code is None:
-        job, created = await store.enqueue_job(engine, spec, reason, owner=who.name), True
+        job = await store.enqueue_job(
+            engine, spec, admitted.reason, owner=who.name, queue_limit=admitted.queue_limit
+        )
+        created = True
     else:
         job, created = await run_in_threadpool(
             functools.partial(
@@ -121,7 +137,8 @@ async def submit_job(
                 spec,
                 owner=who.name,
                 idempotency_key=idempotency_key,
-                reason=reason,
+                reason=admitted.reason,
+                queue_limit=admitted.queue_limit,
             )
         )
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
@@ -197,10 +214,10 @@ async def rerun_job(
     field, owned by whoever reran it (its owner, or an admin), admitted as a submit is. A
     script job's blobs must still be stored."""
     spec = await run_in_threadpool(_spec_to_rerun, engine, job_id, who)
-    reason = await admit(
+    admitted = await admit(
         spec, who, engine=engine, catalogs=catalogs, settings=settings, blobs=blobs
     )
-    job = await run_in_threadpool(_enqueue_rerun, engine, job_id, spec, who, reason)
+    job = await run_in_threadpool(_enqueue_rerun, engine, job_id, spec, who, admitted)
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return JobRead.from_row(job)
 
@@ -214,9 +231,15 @@ def _spec_to_rerun(engine: Engine, job_id: int, who: Identity) -> JobCreate:
 
 
 def _enqueue_rerun(
-    engine: Engine, job_id: int, spec: JobCreate, who: Identity, reason: tuple[ReasonCode, str]
+    engine: Engine, job_id: int, spec: JobCreate, who: Identity, admitted: Admitted
 ) -> Job:
-    job, _ = store.create_job(engine, spec, owner=who.name, reason=reason)
+    job, _ = store.create_job(
+        engine,
+        spec,
+        owner=who.name,
+        reason=admitted.reason,
+        queue_limit=admitted.queue_limit,
+    )
     audit.record_now(engine, who.name, Action.reran, f"job {job_id}", new_job=job.id)
     return job
 
@@ -287,13 +310,18 @@ def _job_exists(job_id: JobId, engine: EngineDep) -> None:
     # returned as a response of its own (FastAPI's SSE generators encode per watcher)
     response_class=Response,
     responses=JOB_NOT_FOUND
-    | {200: {"content": {"text/event-stream": {}}, "description": "The stream"}},
+    | {
+        200: {"content": {"text/event-stream": {}}, "description": "The stream"},
+        429: error("As many streams open as TRAINYARD_MAX_EVENT_STREAMS(_PER_USER) allow"),
+    },
     summary="Watch a job live (Server-Sent Events)",
     dependencies=[Depends(_job_exists)],
 )
 async def job_events(
     job_id: JobId,
     request: Request,
+    who: IdentityDep,
+    settings: SettingsDep,
     last_event_id: Annotated[
         int | None,
         Header(
@@ -306,8 +334,15 @@ async def job_events(
     """`status` (the job), `progress`, `metric` and `log` events, each with an increasing
     id; from the job's start, or after `Last-Event-ID`, with no gap and no duplicate. The
     stream ends with an `end` event once the job has finished; `: ping` comments keep idle
-    connections open."""
+    connections open. A user may keep TRAINYARD_MAX_EVENT_STREAMS_PER_USER open at once."""
     feeds = request.app.state.feeds
+    refused = feeds.slots.take(
+        who.name,
+        per_user=settings.max_event_streams_per_user,
+        in_all=settings.max_event_streams,
+    )
+    if refused is not None:  # streams end with their jobs: a slot comes free in a while
+        raise HTTPException(429, refused, headers={"Retry-After": str(STREAM_RETRY_AFTER_S)})
 
     async def frames() -> AsyncIterator[bytes]:
         # Each event is encoded once, in the feed; a watcher writes a whole batch at once.
@@ -315,7 +350,8 @@ async def job_events(
             yield b"".join(event.frame for event in batch) if batch else KEEPALIVE_COMMENT
         yield format_sse_event(data_str=json.dumps({"job_id": job_id}), event="end")
 
-    return EventSourceResponse(frames(), headers=_STREAM_HEADERS)
+    release = functools.partial(feeds.slots.give_back, who.name)
+    return HeldStream(frames(), release, headers=_STREAM_HEADERS)
 
 
 # Not cached by browsers; not buffered by nginx-style proxies.

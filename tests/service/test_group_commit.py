@@ -17,7 +17,7 @@ from service.db import read_session, write_session
 from service.group_commit import GroupCommit, committer
 from service.models import BOOTSTRAP_USER, Job, JobCreate
 from service.reasons import ReasonCode
-from service.store.submit import _insert_jobs, _row
+from service.store.submit import NewJob, _insert_jobs, _row
 
 
 def test_concurrent_submits_each_get_their_own_job(engine: Engine) -> None:
@@ -51,7 +51,7 @@ def test_submits_awaited_on_an_event_loop_each_get_their_row(engine: Engine) -> 
 
 @contextlib.contextmanager
 def first_batch_waiting(
-    engine: Engine, writer: GroupCommit, row: dict[str, Any]
+    engine: Engine, writer: GroupCommit, row: NewJob
 ) -> Iterator[Future[Any]]:
     """``row`` taken into the writer's batch, which waits for the write lock held here
     until the block ends: what the block enqueues makes the writer's next batch."""
@@ -72,16 +72,16 @@ def test_a_submit_cancelled_before_its_batch_is_never_written(engine: Engine) ->
     writer = committer(engine, _insert_jobs)
     row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
     submits = []
-    with first_batch_waiting(engine, writer, {**row, "seed": 0}) as first:
+    with first_batch_waiting(engine, writer, NewJob({**row, "seed": 0})) as first:
         assert not first.cancel()
         submits.append(first)
         while True:  # once the writer waits for the lock, what comes next stays queued
-            queued = writer.enqueue({**row, "seed": len(submits)})
+            queued = writer.enqueue(NewJob({**row, "seed": len(submits)}))
             submits.append(queued)
             if queued.cancel():  # still queued: its client went away
                 break
             assert len(submits) < 100
-    last = writer.enqueue({**row, "seed": len(submits)})
+    last = writer.enqueue(NewJob({**row, "seed": len(submits)}))
     submits.append(last)
     assert last.result(timeout=10).seed == len(submits) - 1  # the writer carried on
     assert [f.cancelled() for f in submits].count(True) == 1
@@ -108,14 +108,14 @@ def test_a_row_the_database_refuses_fails_only_its_own_submit(
         pytest.skip("SQLite stores a NUL")
     writer = committer(engine, _insert_jobs)
     row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
-    with first_batch_waiting(engine, writer, {**row, "seed": 0}) as first:
-        good = [writer.enqueue({**row, "seed": i}) for i in range(1, 4)]
-        bad = writer.enqueue({**row, **refused})
-        good += [writer.enqueue({**row, "seed": i}) for i in range(4, 7)]
+    with first_batch_waiting(engine, writer, NewJob({**row, "seed": 0})) as first:
+        good = [writer.enqueue(NewJob({**row, "seed": i})) for i in range(1, 4)]
+        bad = writer.enqueue(NewJob({**row, **refused}))
+        good += [writer.enqueue(NewJob({**row, "seed": i})) for i in range(4, 7)]
     assert [f.result(timeout=10).seed for f in [first, *good]] == list(range(7))
     with pytest.raises(Exception) as refusal:
         bad.result(timeout=10)
     assert not isinstance(refusal.value, AssertionError)
     with read_session(engine) as session:  # every good row, and nothing of the bad one
         assert sorted(session.execute(select(Job.seed)).scalars()) == list(range(7))
-    assert writer.enqueue({**row, "seed": 7}).result(timeout=10).seed == 7  # it carries on
+    assert writer.enqueue(NewJob({**row, "seed": 7})).result(timeout=10).seed == 7  # it carries on
