@@ -8,7 +8,9 @@ and no duplicate. Status and progress are state, kept on the job row: a watcher 
 latest value when it changed after its number.
 
 One ``_Feed`` per watched job and API process polls the database and fans events out to
-all of that job's watchers, so a hundred watchers cost one poll, not a hundred.
+all of that job's watchers, so a hundred watchers cost one poll, not a hundred. Each
+stream holds a connection and a task as long as its job runs: ``StreamSlots`` caps how
+many an API process serves, per user and in all.
 """
 
 from __future__ import annotations
@@ -18,16 +20,17 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncIterator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from anyio import to_thread
-from fastapi.sse import format_sse_event
+from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import Engine, RowMapping, Table, select
 from sqlmodel import Session
+from starlette.types import Receive, Scope, Send
 
 from service.db import read_session
 from service.errors import JobNotFound
@@ -178,13 +181,61 @@ class _Feed:
                     await asyncio.wait_for(self.changed.wait(), timeout)
 
 
+class StreamSlots:
+    """The event streams one API process has open, per user and in all."""
+
+    def __init__(self) -> None:
+        self.by_user: Counter[str] = Counter()
+        self.total = 0
+
+    def take(self, user: str, *, per_user: int, in_all: int) -> str | None:
+        """Count a new stream of ``user``'s; or, past a cap, why not (nothing counted)."""
+        if self.by_user[user] >= per_user:
+            return (
+                f"{user} has {self.by_user[user]} event streams open, the most allowed "
+                f"({per_user}, TRAINYARD_MAX_EVENT_STREAMS_PER_USER): close one, or poll "
+                "GET /api/v1/jobs/{id}"
+            )
+        if self.total >= in_all:
+            return (
+                f"this server has {self.total} event streams open, the most allowed "
+                f"({in_all}, TRAINYARD_MAX_EVENT_STREAMS): try again later"
+            )
+        self.by_user[user] += 1
+        self.total += 1
+        return None
+
+    def give_back(self, user: str) -> None:
+        """A stream of ``user``'s has ended."""
+        self.by_user[user] -= 1
+        if self.by_user[user] <= 0:
+            del self.by_user[user]
+        self.total -= 1
+
+
+class HeldStream(EventSourceResponse):
+    """An event stream that gives its slot back however it ends: finished, the client
+    gone, or never started (a generator's ``finally`` runs only once it has started)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 class JobFeeds:
-    """The feeds of one API process, by job."""
+    """The feeds of one API process, by job, and its open streams."""
 
     def __init__(self, engine: Engine, poll_s: float = POLL_S) -> None:
         self.engine = engine
         self.poll_s = poll_s
         self.feeds: dict[int, _Feed] = {}
+        self.slots = StreamSlots()
 
     def close(self, feed: _Feed) -> None:
         if self.feeds.get(feed.job_id) is feed:

@@ -70,6 +70,18 @@ class Settings(BaseSettings):
     access_log: bool = Field(
         True, description="A log line per API request (/metrics counts them either way)."
     )
+    max_event_streams_per_user: int = Field(
+        16,
+        ge=1,
+        description="Event streams (GET /jobs/{id}/events) one user may have open at once, "
+        "per API process; one more gets 429 with Retry-After.",
+    )
+    max_event_streams: int = Field(
+        512,
+        ge=1,
+        description="Event streams open at once from all users, per API process; one more "
+        "gets 429 with Retry-After.",
+    )
     api_workers: int = Field(1, ge=1, le=64, description="API server processes.")
 
     # Blobs: content-addressed uploads (code packages, data files).
