@@ -57,12 +57,18 @@ def register_worker(engine: Engine, worker: Worker) -> None:
 
 
 def worker_heartbeat(
-    engine: Engine, worker_id: str, devices: list[dict[str, Any]] | None = None
+    engine: Engine,
+    worker_id: str,
+    devices: list[dict[str, Any]] | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> None:
-    """Mark the worker alive now; with ``devices``, also their latest utilisation."""
+    """Mark the worker alive now; with ``devices``, also their latest utilisation; with
+    ``cache``, its cache's record."""
     values: dict[str, Any] = {"heartbeat_at": utcnow(), "stopped_at": None}
     if devices is not None:
         values["devices"] = devices
+    if cache is not None:
+        values["cache"] = cache
     with write_session(engine) as session:
         session.execute(update(Worker).where(Worker.id == worker_id).values(**values))
 
@@ -102,6 +108,7 @@ def list_workers(session: Session) -> list[WorkerRead]:
                 across_boxes=w.across_boxes,
                 recipe_errors=w.recipe_errors,
                 job_walls=w.job_walls,
+                cache=w.cache,
             )
         )
     return out

@@ -597,6 +597,26 @@ class WorkerRead(SQLModel):
         "own, loopback only; 'shared': the box's, with job_network_why).",
         schema_extra={"examples": [{"runs_jobs_as": "trainyard-job", "job_network": "isolated"}]},
     )
+    cache: dict[str, Any] | None = Field(
+        None,
+        description="Its cache of code packages, fetched blobs and virtualenvs: size_bytes "
+        "and entries (as of its last sweep), budget_bytes (TRAINYARD_CACHE_BUDGET_GB: past "
+        "it the least recently used entries no running job uses are evicted), "
+        "disk_free_bytes and min_free_bytes (TRAINYARD_MIN_FREE_DISK_GB), and refusing: "
+        "why it takes no job now (its disk nearly full), else null.",
+        schema_extra={
+            "examples": [
+                {
+                    "size_bytes": 3_221_225_472,
+                    "budget_bytes": 21_474_836_480,
+                    "entries": 12,
+                    "disk_free_bytes": 85_899_345_920,
+                    "min_free_bytes": 2_147_483_648,
+                    "refusing": None,
+                }
+            ]
+        },
+    )
     started_at: datetime
 
 

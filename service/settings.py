@@ -121,6 +121,18 @@ class Settings(BaseSettings):
         description="A worker's unpacked code packages, fetched blobs and requirement "
         "virtualenvs; default <data_dir>/cache.",
     )
+    cache_budget_gb: float = Field(
+        20.0,
+        ge=0,
+        description="GiB: past this, a worker evicts the cache's least recently used "
+        "entries (packages, blobs, virtualenvs), never one a running job uses.",
+    )
+    min_free_disk_gb: float = Field(
+        2.0,
+        ge=0,
+        description="GiB: a worker whose cache's or data directory's disk has less free "
+        "(after evicting what it can) takes no job, and says why on /api/v1/workers.",
+    )
     requirements_timeout_s: float = Field(
         900.0, gt=0, description="Seconds: the longest a job's pip install may take."
     )

@@ -145,6 +145,14 @@ def _locked(path: Path, deadline: float) -> Iterator[bool]:
         os.close(fd)
 
 
+@contextmanager
+def lock_if_free(venvs: Path, key: str) -> Iterator[bool]:
+    """The requirement set's lock if no one holds it now (True), else False at once: the
+    worker's cache upkeep removes a virtualenv under it, never while a job builds it."""
+    with _locked(venvs / f"{key}.lock", time.monotonic() - 1) as locked:
+        yield locked
+
+
 def venv_key(lines: list[str], package: Path) -> str:
     """A requirement set's virtualenv name: this interpreter, the lines, and what they
     name inside the package (``./wheels/x.whl``, ``--find-links ./wheels``, ``-r more.txt``

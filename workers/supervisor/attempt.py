@@ -21,6 +21,7 @@ from workers.handoff import JobAccount
 from workers.outcome import StopReason
 from workers.procfs import group_members
 from workers.stdio import MAX_LINE_CHARS
+from workers.supervisor.cache_budget import Holds
 from workers.supervisor.reporter import DbReporter
 from workers.zygote import ZygoteProcess
 
@@ -96,6 +97,7 @@ class Attempt:
         self.reporter: DbReporter | None = None  # stores rank 0's points (the supervisor's)
         self.hand_off = HandOffGuard()  # its launch's hand-off thread, and its end
         self.account: JobAccount | None = None  # what its processes run as (walls)
+        self.cache_holds: Holds | None = None  # the cache entries it uses, until it ends
         self._on_exit = on_exit
         self._open_pipes = 2
         self._pumps = [

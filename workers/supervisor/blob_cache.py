@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -24,6 +25,9 @@ from service.packages import PackageLimits, unpack
 from service.reasons import ReasonCode
 from service.settings import Settings
 from workers.errors import NotRetryable
+
+if TYPE_CHECKING:
+    from workers.supervisor.cache_budget import Holds
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,10 @@ FETCH_TIMEOUT_S = 60.0  # between two chunks, not for the whole blob
 class BlobCache:
     """Blobs and unpacked packages on this worker's disk."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, holds: Holds | None = None) -> None:
+        """``holds``: an attempt's, which then holds every cache entry it is given."""
         self.settings = settings
+        self.holds = holds
         self.local = BlobStore.from_settings(settings)
         self.root = settings.cache_path
         self.api_url = settings.api_url or f"http://{_reachable(settings.host)}:{settings.port}"
@@ -48,6 +54,8 @@ class BlobCache:
         if local.is_file():
             return local.resolve()
         cached = self.root / "blobs" / digest.removeprefix("sha256:")
+        if self.holds is not None:  # before it is fetched: not evicted meanwhile
+            self.holds.hold("blobs", cached.name)
         if not cached.is_file():
             self._fetch(digest, cached)
         return cached
@@ -55,6 +63,8 @@ class BlobCache:
     def code(self, digest: str) -> Path:
         """The package unpacked (once per digest, read-only): a script job's working dir."""
         dest = self.root / "code" / digest.removeprefix("sha256:")
+        if self.holds is not None:  # before it is unpacked: not evicted meanwhile
+            self.holds.hold("code", dest.name)
         if dest.is_dir():
             return dest
         limits = PackageLimits.from_settings(self.settings)

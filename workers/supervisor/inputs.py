@@ -13,16 +13,24 @@ from service.settings import Settings
 from workers.jobfiles import JobFiles
 from workers.supervisor import nofollow
 from workers.supervisor.blob_cache import BlobCache
+from workers.supervisor.cache_budget import Holds
 
 
-def place(settings: Settings, job: Job, files: JobFiles) -> tuple[Path | None, list[Path]]:
+def place(
+    settings: Settings, job: Job, files: JobFiles, holds: Holds | None = None
+) -> tuple[Path | None, list[Path]]:
     """The job's package, unpacked, with its data files linked under ``files.inputs``
-    (None for a job that brings no code); and every path the job reads there."""
+    (None for a job that brings no code); and every path the job reads there. ``holds``:
+    the attempt's, on every cache entry it uses (its virtualenv's too) until it ends."""
     if job.code is None:
         return None, []
-    cache = BlobCache(settings)
+    cache = BlobCache(settings, holds)
     package = cache.code(job.code)
     blobs = {name: cache.blob(digest) for name, digest in (job.data or {}).items()}
+    if holds is not None:
+        if job.entrypoint is not None:  # a script job: its runner builds or reuses one
+            holds.hold_venv(job.requirements, package)
+        holds.settle()
     files.root.mkdir(parents=True, exist_ok=True)  # in jobs/, which only the worker changes
     # The job's folder may hold its own links (it owned the folder on an earlier attempt):
     # the inputs folder is made anew without following one.

@@ -24,6 +24,7 @@ from workers.handoff import Handoff, JobAccount
 from workers.jobfiles import JobFiles, shared_checkpoints
 from workers.supervisor import inputs, nofollow
 from workers.supervisor.attempt import Attempt, HandOffGuard, Process
+from workers.supervisor.cache_budget import Holds
 from workers.supervisor.gangs import Start
 from workers.supervisor.gpu_share import ALLOC_CONF, alloc_conf
 from workers.supervisor.walls import Walls
@@ -116,6 +117,7 @@ class Launcher:
         node: Start | None = None,
         walls: Walls | None = None,
         account: JobAccount | None = None,
+        holds: Holds | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
         ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
@@ -123,7 +125,8 @@ class Launcher:
         ``gpu_memory_fraction``: the part of its GPU a job sharing one may allocate;
         ``node``: this worker's node of a job across boxes; ``walls``: what keeps the
         job from the box (none given: it runs as this worker, on the box's network);
-        ``account``: what its processes run as (``walls.account_for``)."""
+        ``account``: what its processes run as (``walls.account_for``); ``holds``: the
+        attempt's on the cache entries its inputs are (``CacheBudget.holds``)."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         place = None if node is None else node.node
@@ -164,11 +167,13 @@ class Launcher:
         threading.Thread(
             target=self._hand_off,
             args=(hand_off, job, files, walls, account, isolated, gpu_memory_fraction, guard),
+            kwargs={"holds": holds},
             name=f"hand-off-{claim.fence.job_id}",
             daemon=True,
         ).start()
         attempt = Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
         attempt.hand_off = guard
+        attempt.cache_holds = holds
         return attempt
 
     def _hand_off(
@@ -181,6 +186,7 @@ class Launcher:
         isolated: bool,
         gpu_fraction: float | None,
         guard: HandOffGuard,
+        holds: Holds | None,
     ) -> None:
         """Place the job's inputs and hand its folder to its account, then write the
         runner's hand-off (or why that failed: the runner reports it as the attempt's
@@ -195,7 +201,7 @@ class Launcher:
             )
             reads: list[Path] = []
             try:
-                handoff.package, reads = inputs.place(self.settings, job, files)
+                handoff.package, reads = inputs.place(self.settings, job, files, holds)
             except Exception as exc:
                 log.warning("job %s: its inputs could not be placed: %s", job.id, exc)
                 handoff.inputs_error = describe(exc)

@@ -35,6 +35,7 @@ from workers.points_file import PointsReader
 from workers.recipes import Recipe, SkippedSource, find_recipes
 from workers.supervisor import gpu_share, nofollow
 from workers.supervisor.attempt import Attempt
+from workers.supervisor.cache_budget import CacheBudget
 from workers.supervisor.devices import Box
 from workers.supervisor.gangs import Gangs, Start
 from workers.supervisor.launch import Launcher
@@ -97,6 +98,7 @@ class Supervisor:
         self._stopping = False
         self._stop_now = False
         self.launcher = Launcher(settings, notify=self._wake.set)
+        self.cache = CacheBudget(settings)  # its size, holds and evictions; the disk's room
         self.leases = Leases(
             self.engine,
             self.attempts,
@@ -126,6 +128,7 @@ class Supervisor:
             # Recover first: once registered, a worker is seen as up (tests and operators
             # wait for that), so what its last run left is settled by then.
             self.leases.recover(self.worker_id)
+            self.cache.upkeep()  # its record, in the registration, says whether it takes jobs
             self._register()
         except BaseException:
             self.launcher.close()  # the zygote must not outlive a worker that never started
@@ -233,12 +236,15 @@ class Supervisor:
                 ],
                 across_boxes=self.gangs.enabled,
                 job_walls=self.walls.published(),
+                cache=self.cache.record(),
             ),
         )
 
     def _heartbeat(self) -> None:
         jobs_by_pid = {p: a.job_id for a in self.attempts.values() for p in a.pids_seen}
-        catalog.worker_heartbeat(self.engine, self.worker_id, self.box.sample(jobs_by_pid))
+        catalog.worker_heartbeat(
+            self.engine, self.worker_id, self.box.sample(jobs_by_pid), self.cache.record()
+        )
         self.leases.renew()
         if self.gangs.enabled:
             self._renew_nodes()
@@ -283,12 +289,16 @@ class Supervisor:
                 and self.database.call(partial(self._finish, attempt))
             ):
                 del self.attempts[job_id]  # else: recorded on a later tick
+                if attempt.cache_holds is not None:  # its cache entries may be evicted now
+                    attempt.cache_holds.release()
 
     def _uids_in_use(self) -> set[int]:
         """The uids this worker's running attempts have (TRAINYARD_JOB_UIDS)."""
         return {a.account.uid for a in self.attempts.values() if a.account is not None}
 
     def _claim(self) -> bool:
+        if self.cache.upkeep() is not None:
+            return False  # the disk is nearly full: said in the log and the worker's record
         if not self.walls.room(self._uids_in_use()):
             return False  # every uid of the range runs an attempt: none starts meanwhile
         if not self.launcher.ready():
@@ -390,6 +400,7 @@ class Supervisor:
             node=node,
             walls=self.walls,
             account=account,
+            holds=self.cache.holds(),
         )
         attempt.account = account
         files = JobFiles.of(
