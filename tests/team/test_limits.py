@@ -5,12 +5,15 @@ refused at submit, and event streams are capped per user and in all; on both dat
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func
@@ -22,6 +25,7 @@ from service.db import read_session
 from service.errors import QueueQuotaReached
 from service.models import Job, JobCreate, JobStatus
 from service.settings import Settings
+from tests.stack import free_port, wait_for
 from tests.team.test_users_and_tokens import ADMIN, ADMIN_TOKEN, SPEC, add_user, bearer
 
 JOBS = "/api/v1/jobs"
@@ -173,3 +177,53 @@ def test_a_job_larger_than_its_owners_running_quota_is_refused(
         assert "(TRAINYARD_MAX_RUNNING_DEVICES_PER_USER)" in r.json()["detail"][0]["msg"]
     with read_session(engine) as session:
         assert session.exec(select(func.count()).select_from(Job)).one() == 2
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """The app on a real uvicorn in a thread (streams need a real connection); its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 10, "uvicorn to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_event_streams_are_capped_per_user_and_in_all(team: Settings, engine: Engine) -> None:
+    """500 streams from one non-admin token were all accepted: a user gets their cap, the
+    server its own, each refusal a 429 with Retry-After; a closed stream frees its slot."""
+    capped = team.model_copy(update={"max_event_streams_per_user": 2, "max_event_streams": 3})
+    app = create_app(capped, engine)
+    with TestClient(app) as api:
+        alice, bob = add_user(api, "alice"), add_user(api, "bob")
+        job = api.post(JOBS, json=SPEC, headers=bearer(alice)).json()
+    events = f"{JOBS}/{job['id']}/events"
+    with serving(app) as url, contextlib.ExitStack() as streams:
+        client = streams.enter_context(httpx.Client(base_url=url, headers={"Host": "testserver"}))
+
+        def open_stream(token: str) -> httpx.Response:
+            response = streams.enter_context(client.stream("GET", events, headers=bearer(token)))
+            if response.status_code != 200:
+                response.read()  # a refusal's body is short: read it whole
+            return response
+
+        first, second = open_stream(alice), open_stream(alice)
+        assert first.status_code == second.status_code == 200
+        refused = open_stream(alice)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "10"
+        assert (
+            "alice has 2 event streams open, the most allowed (2, TRAINYARD_MAX_EVENT"
+            in (refused.json()["detail"])
+        )
+        assert open_stream(bob).status_code == 200  # another user's cap is their own
+        refused = open_stream(bob)
+        assert refused.status_code == 429, refused.text
+        assert "(3, TRAINYARD_MAX_EVENT_STREAMS)" in refused.json()["detail"]
+        first.close()  # alice's slot comes back once the server sees the stream gone
+        wait_for(lambda: app.state.feeds.slots.total == 2, 10, "the closed stream's slot")
+        assert open_stream(alice).status_code == 200
