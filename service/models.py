@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, StrictBool, StringConstraints
+from pydantic import AfterValidator, ConfigDict, Strict, StrictBool, StringConstraints
 from sqlalchemy import JSON, DateTime, Index, Row, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
 
@@ -62,6 +62,10 @@ Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]  # no NUL in 
 DataName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")]
 Argument = Annotated[NulFreeStr, StringConstraints(max_length=10_000)]
 Requirement = Annotated[NulFreeStr, StringConstraints(min_length=1, max_length=1000)]
+# Numbers that come in: JSON's true and false are not numbers, though pydantic's lax mode
+# reads them as 1 and 0 (a spec with "devices": true asked for one device).
+Int = Annotated[int, Strict()]
+Number = Annotated[float, Strict()]  # a whole number is one too
 
 
 def utcnow() -> datetime:
@@ -190,10 +194,10 @@ class JobBase(SQLModel):
         sa_type=EnumAsString(Strategy),
         description="auto: ddp when devices > 1, else single.",
     )
-    devices: int = Field(
+    devices: Int = Field(
         1, ge=1, le=1024, description="GPUs for the job; on CPU, processes for ddp."
     )
-    nodes: int = Field(
+    nodes: Int = Field(
         1,
         ge=1,
         le=MAX_NODES,
@@ -206,7 +210,7 @@ class JobBase(SQLModel):
         sa_type=EnumAsString(Accelerator),
         description="auto: cuda when the worker has GPUs.",
     )
-    gpu_memory_gb: float | None = Field(
+    gpu_memory_gb: Number | None = Field(
         None,
         gt=0,
         le=4096,
@@ -215,21 +219,21 @@ class JobBase(SQLModel):
         "each one's allocator capped at what it asked; a job past its share fails with "
         "an out-of-memory reason, not its neighbours.",
     )
-    epochs: int = Field(1, ge=1, le=100_000)
-    batch_size: int = Field(
+    epochs: Int = Field(1, ge=1, le=100_000)
+    batch_size: Int = Field(
         64, ge=1, le=1_000_000, description="The global batch; ddp gives each rank batch/devices."
     )
-    lr: float = Field(1e-3, gt=0, le=10, description="Learning rate.")
+    lr: Number = Field(1e-3, gt=0, le=10, description="Learning rate.")
     optimizer: Optimizer = Field(Optimizer.adamw, sa_type=EnumAsString(Optimizer))
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="Same spec + seed => same weights.")
+    seed: Int = Field(0, ge=0, le=2**31 - 1, description="Same spec + seed => same weights.")
     precision: Precision = Field(Precision.fp32, sa_type=EnumAsString(Precision))
-    priority: int = Field(0, ge=-100, le=100, description="Higher runs first.")
+    priority: Int = Field(0, ge=-100, le=100, description="Higher runs first.")
     preemptible: StrictBool = Field(
         True,
         description="false: never stopped to make room for another job (only an admin may "
         "submit such a job).",
     )
-    max_attempts: int = Field(
+    max_attempts: Int = Field(
         3,
         ge=1,
         le=10,
@@ -237,7 +241,7 @@ class JobBase(SQLModel):
         "or node, a runner killed from outside, preemption, a database outage) is retried "
         "until they are spent; the job's own failure only as retries_on_error allows.",
     )
-    retries_on_error: int = Field(
+    retries_on_error: Int = Field(
         0,
         ge=0,
         le=9,
@@ -245,10 +249,10 @@ class JobBase(SQLModel):
         "exception in a recipe) is retried, within max_attempts. 0: it fails at once, since "
         "the same code on the same data fails again.",
     )
-    timeout_s: int | None = Field(
+    timeout_s: Int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="Wall-clock limit per attempt."
     )
-    checkpoint_every: int = Field(1, ge=1, le=100_000, description="Checkpoint every N epochs.")
+    checkpoint_every: Int = Field(1, ge=1, le=100_000, description="Checkpoint every N epochs.")
 
 
 JOB_EXAMPLE: dict[str, Any] = {
