@@ -1,8 +1,10 @@
 """The ``trainyard`` command.
 
 ``service.cli.service`` runs the service on this box (migrate, serve, worker, up);
-``service.cli.jobs`` talks to a running one over HTTP (submit, ls, status, logs, cancel),
-``service.cli.blobs`` uploads and manages blobs (``--code`` packs with ``service.cli.pack``).
+``service.cli.submit`` and ``service.cli.jobs`` talk to a running one over HTTP (submit;
+ls, status, logs, cancel, rerun), ``service.cli.artifacts`` fetches a job's files and
+lists recipes, ``service.cli.blobs`` uploads and manages blobs (``--code`` packs with
+``service.cli.pack``, ``service.cli.inputs`` turns directories and files into digests).
 """
 
 from __future__ import annotations
@@ -10,9 +12,29 @@ from __future__ import annotations
 import sys
 
 from pydantic import ValidationError
+from typer.models import CommandInfo
 
-from service.cli import blobs, jobs, service, users  # noqa: F401  (each registers its commands)
+from service.cli import (  # noqa: F401  (each registers its commands)
+    artifacts,
+    blobs,
+    jobs,
+    service,
+    submit,
+    users,
+)
 from service.cli.app import app
+
+# Typer lists commands in the order they registered, the modules' import order: the
+# ones a user reaches for first go first.
+FIRST = ("submit", "ls", "status", "logs", "cancel", "rerun", "recipes")
+
+
+def _rank(command: CommandInfo) -> int:
+    name = command.name or getattr(command.callback, "__name__", "")
+    return FIRST.index(name) if name in FIRST else len(FIRST)
+
+
+app.registered_commands.sort(key=_rank)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from service.cli.app import app
-from service.cli.http import DEFAULT_URL, TokenOpt, UrlOpt, call, connect, shown
+from service.cli.http import TokenOpt, UrlOpt, call, connect, unreachable
 
 blobs_app = typer.Typer(help="Uploaded code packages and data files.", no_args_is_help=True)
 app.add_typer(blobs_app, name="blobs")
@@ -39,10 +39,9 @@ def upload(api: httpx.Client, path: Path, *, label: str, console: Console) -> st
     try:
         present = api.head(f"/blobs/{digest}").status_code == 200
     except httpx.HTTPError as exc:
-        typer.echo(f"error: cannot reach {shown(api.base_url)}: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        raise unreachable(api, exc) from exc
     if present:
-        console.print(f"{label}: {digest[:19]}… already uploaded")
+        console.print(f"{label}: {digest} already uploaded", markup=False, soft_wrap=True)
         return digest
     size = path.stat().st_size
     with Progress(
@@ -69,15 +68,16 @@ def upload(api: httpx.Client, path: Path, *, label: str, console: Console) -> st
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             timeout=UPLOAD_TIMEOUT,
         )
-    console.print(f"{label}: {digest[:19]}… uploaded ({size} bytes)")
+    console.print(f"{label}: {digest} uploaded ({size} bytes)", markup=False, soft_wrap=True)
     return digest
 
 
 @blobs_app.command("ls")
-def list_blobs(limit: int = 50, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def list_blobs(limit: int = 50, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """List stored blobs, newest first, with the jobs that use them."""
     with connect(url, token) as api:
         page = call(api, "GET", "/blobs", params={"limit": limit})
+    typer.echo(f"{'DIGEST':<71}  {'BYTES':>12}  {'CREATED':<19}  JOBS")
     for blob in page["items"]:
         jobs = ", ".join(f"{u['job_id']}:{u['role']}" for u in blob["jobs"]) or "-"
         typer.echo(f"{blob['digest']}  {blob['size']:>12}  {blob['created_at'][:19]}  {jobs}")
@@ -86,7 +86,7 @@ def list_blobs(limit: int = 50, url: UrlOpt = DEFAULT_URL, token: TokenOpt = Non
 @blobs_app.command("rm")
 def remove_blobs(
     digests: Annotated[list[str], typer.Argument(help="sha256:<hex> of each blob")],
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Delete blobs (refused while an unfinished job uses one)."""

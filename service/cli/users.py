@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from service.cli.app import app
-from service.cli.http import DEFAULT_URL, TokenOpt, UrlOpt, call, connect
+from service.cli.http import TokenOpt, UrlOpt, call, connect
 from service.cli.printable import printable
 
 users_app = typer.Typer(help="The box's users, their quotas and usage.", no_args_is_help=True)
@@ -26,7 +26,7 @@ DEFAULT = "default"  # a quota given as this goes back to the server's default
 def add_user(
     name: str,
     admin: Annotated[bool, typer.Option("--admin", help="May act on every job.")] = False,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Add a user (admins); then give them a token with `trainyard tokens create NAME`."""
@@ -36,7 +36,7 @@ def add_user(
 
 
 @users_app.command("ls")
-def list_users(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def list_users(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """The users, with their own quotas (- : the server's default)."""
     with connect(url, token) as api:
         users = call(api, "GET", "/users")
@@ -59,7 +59,7 @@ def set_quotas(
     max_queued_jobs: Annotated[
         str | None, typer.Option(help=f"Jobs they may have queued, or {DEFAULT}.")
     ] = None,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Give a user quotas of their own (admins)."""
@@ -82,7 +82,7 @@ def set_quotas(
 
 
 @users_app.command("usage")
-def usage(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def usage(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Fair share: each user's decayed usage, least first (the order the queue serves)."""
     with connect(url, token) as api:
         rows = call(api, "GET", "/users/usage")
@@ -100,7 +100,7 @@ def create_token(
     expires: Annotated[
         str | None, typer.Option(help="Refused after this long: 90d, 12w or 1y; default never.")
     ] = None,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """A new token for NAME (yourself, or anyone as an admin): printed this once."""
@@ -115,7 +115,7 @@ def create_token(
 @tokens_app.command("ls")
 def list_tokens(
     name: Annotated[str | None, typer.Argument(help="Whose; default yours.")] = None,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """A user's tokens by id and prefix (never the tokens themselves)."""
@@ -132,7 +132,7 @@ def list_tokens(
 
 
 @tokens_app.command("revoke")
-def revoke_token(token_id: int, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def revoke_token(token_id: int, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Revoke a token (yours, or anyone's as an admin): refused from now on."""
     with connect(url, token) as api:
         revoked = call(api, "POST", f"/tokens/{token_id}/revoke")
@@ -143,7 +143,7 @@ def revoke_token(token_id: int, url: UrlOpt = DEFAULT_URL, token: TokenOpt = Non
 def audit(
     actor: Annotated[str | None, typer.Option(help="Only this user's acts.")] = None,
     limit: int = 50,
-    url: UrlOpt = DEFAULT_URL,
+    url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Who did what, newest first (admins)."""
@@ -152,6 +152,7 @@ def audit(
         params["actor"] = actor
     with connect(url, token) as api:
         page = call(api, "GET", "/audit", params=params)
+    typer.echo(f"{'AT':<19}  {'ACTOR':<12} {'ACTION':<14} TARGET  DETAIL")
     for event in page["items"]:
         detail = " ".join(f"{k}={v}" for k, v in (event["detail"] or {}).items())
         line = f"{event['at'][:19]}  {event['actor']:<12} {event['action']:<14} {event['target']}"

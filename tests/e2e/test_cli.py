@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.cli.jobs import PACKAGE_WARN_BYTES
+from service.cli.inputs import PACKAGE_WARN_BYTES
 from service.migrate import head_revision
 from tests.e2e.conftest import one_database
 from tests.stack import RECIPES_DIR, REPO, Stack, free_port, running_stack, stack_env, wait_for
@@ -52,10 +52,10 @@ def test_submit_follow_exit_code_says_how_the_job_ended(stack: Stack, tmp_path: 
     assert bad.returncode == 1
     assert stack.job(int(bad.stdout.strip()))["status"] == "failed"
 
-    shown = cli(stack, "status", str(job_id))
+    shown = cli(stack, "status", str(job_id), "--json")
     assert shown.returncode == 0 and '"status": "succeeded"' in shown.stdout
     listed = cli(stack, "ls")
-    assert listed.returncode == 0 and len(listed.stdout.strip().splitlines()) == 2
+    assert listed.returncode == 0 and len(listed.stdout.strip().splitlines()) == 1 + 2
     logs = cli(stack, "logs", str(job_id))
     assert logs.returncode == 0 and "attempt 1 started" in logs.stdout
     again = cli(stack, "cancel", str(job_id))

@@ -27,7 +27,8 @@ def test_an_admin_adds_a_user_who_works_with_their_own_token(stack: Stack) -> No
     assert stack.job(job_id)["owner"] == "alice"
     cli(stack, "submit", "--recipe", "tiny")  # the admin's
     mine = cli(stack, "ls", "--mine", "--token", token).stdout.strip().splitlines()
-    assert len(mine) == 1 and mine[0].split()[:3] == [str(job_id), "queued", "alice"]
+    assert mine[0].split()[:3] == ["ID", "STATUS", "OWNER"]  # a header row, then the jobs
+    assert len(mine) == 2 and mine[1].split()[:3] == [str(job_id), "queued", "alice"]
 
     quota = cli(stack, "users", "set", "alice", "--max-queued-jobs", "1")
     assert quota.returncode == 0 and "max queued jobs 1" in quota.stdout
@@ -46,7 +47,8 @@ def test_an_admin_adds_a_user_who_works_with_their_own_token(stack: Stack) -> No
     gone = cli(stack, "ls", "--mine", "--token", token)
     assert gone.returncode == 1 and "401" in gone.stderr
 
-    trail = cli(stack, "audit").stdout.splitlines()
+    heading, *trail = cli(stack, "audit").stdout.splitlines()
+    assert heading.split() == ["AT", "ACTOR", "ACTION", "TARGET", "DETAIL"]
     actions = [line.split()[1:3] for line in reversed(trail)]
     assert actions[:4] == [
         ["admin", "user_added"], ["admin", "token_created"],

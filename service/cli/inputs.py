@@ -1,0 +1,101 @@
+"""A job's code and data as the CLI takes them: a directory to pack and files to upload,
+from ``--code``/``--data`` or from a job file's ``code:`` and ``data:``, turned into the
+digests the API wants (only what the server lacks is uploaded)."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from service.cli.blobs import upload
+from service.cli.pack import Packed, PackError, pack
+from service.settings import Settings
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DEFAULT_CODE_LIMIT = Settings.model_fields["max_code_bytes"].default
+PACKAGE_WARN_BYTES = DEFAULT_CODE_LIMIT // 2
+
+
+def data_option(items: list[str]) -> dict[str, Path]:
+    """``--data`` values: FILE (placed under its own name) or NAME=FILE."""
+    files: dict[str, Path] = {}
+    for item in items:
+        if Path(item).is_file():  # a file whose name holds "=" is still a file
+            name, path = Path(item).name, Path(item)
+        else:
+            name, sep, raw = item.partition("=")
+            path = Path(raw)
+            if not sep or not name:
+                raise typer.BadParameter(f"no such file {item}", param_hint="--data")
+            if not path.is_file():
+                raise typer.BadParameter(f"{name}: no such file {raw}", param_hint="--data")
+        if name in files:
+            raise typer.BadParameter(
+                f"two files named {name}: give one another name with NAME=FILE",
+                param_hint="--data",
+            )
+        files[name] = path
+    return files
+
+
+def from_job_file(spec: dict[str, Any], base: Path) -> None:
+    """A job file's ``code:`` and ``data:`` values that are not digests are paths, relative
+    to the file: a directory to pack, files to upload. Made ``Path``s here, checked."""
+    code = spec.get("code")
+    if isinstance(code, str) and not DIGEST.fullmatch(code):
+        directory = base / code
+        if not directory.is_dir():
+            raise typer.BadParameter(
+                f"code: {code} is neither a directory (relative to the job file) nor a "
+                "digest sha256:<64 hex digits>"
+            )
+        spec["code"] = directory
+    data = spec.get("data")
+    if isinstance(data, dict):
+        for name, value in data.items():
+            if isinstance(value, str) and not DIGEST.fullmatch(value):
+                path = base / value
+                if not path.is_file():
+                    raise typer.BadParameter(
+                        f"data: {name}: {value} is neither a file (relative to the job file) "
+                        "nor a digest sha256:<64 hex digits>"
+                    )
+                data[name] = path
+
+
+def upload_inputs(client: httpx.Client, spec: dict[str, Any]) -> None:
+    """Pack and upload the spec's code directory, upload its data files: each ``Path`` in
+    ``code`` and ``data`` replaced by its digest."""
+    console = Console(stderr=True)
+    code = spec.get("code")
+    if isinstance(code, Path):
+        with tempfile.TemporaryDirectory(prefix="trainyard-pack-") as tmp:
+            try:
+                packed = pack(code, Path(tmp) / "package.zip")
+            except PackError as exc:
+                raise typer.BadParameter(str(exc), param_hint="code") from exc
+            _warn_if_large(console, packed, code)
+            spec["code"] = upload(client, packed.path, label=f"code {code}", console=console)
+    for name, path in (spec.get("data") or {}).items():
+        if isinstance(path, Path):
+            spec["data"][name] = upload(client, path, label=f"data {name}", console=console)
+
+
+def _warn_if_large(console: Console, packed: Packed, code: Path) -> None:
+    """Past half the server's default limit, say which files make it big."""
+    total = packed.path.stat().st_size
+    if total < PACKAGE_WARN_BYTES:
+        return
+    largest = sorted(packed.files, key=lambda f: -f[1])[:5]
+    names = ", ".join(f"{name} ({size / 2**20:.1f} MiB)" for name, size in largest)
+    console.print(
+        f"[yellow]warning:[/] the package of {code} is {total / 2**20:.1f} MiB (the server's "
+        f"default limit is {DEFAULT_CODE_LIMIT // 2**20} MiB); largest files: {names}. Leave "
+        "data out with .trainyardignore and pass it with --data."
+    )
