@@ -7,9 +7,12 @@ claim's filter, the supervisor and the runner all ask here, so they cannot disag
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable
 from typing import Any
 
+from service import pip_lines
 from service.errors import SpecInvalid
 from service.models import Accelerator, JobCreate, JobLike, Strategy
 
@@ -23,6 +26,13 @@ def largest_share_gb(devices: list[dict[str, Any]]) -> float:
     """The most GiB a job asking for part of a GPU could have on one of these (a worker's
     ``devices``): the largest, idle, less one CUDA context. 0 with none."""
     return max((d["memory_mb"] / 1024 - CUDA_CONTEXT_GB for d in devices), default=0.0)
+
+
+def unknown_field(name: str, known: Iterable[str]) -> str:
+    """Why a field is refused, with the known names close to it: a typo is told its fix."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return f"unknown field {name!r}{hint}"
 
 
 def wants(job: JobCreate | JobLike) -> str:
@@ -165,6 +175,25 @@ def _check_script(spec: JobCreate) -> None:
                 (name,),
                 f"{name} is a recipe setting; a script job takes its own arguments in entrypoint",
             )
+    _check_requirements(spec.requirements or [])
+
+
+def _check_requirements(lines: list[str]) -> None:
+    """Refuse lines that name a path outside the package (pip would read it on the
+    worker, and its error would show what it read), each line at fault at once."""
+    errors = []
+    for index, line in enumerate(lines):
+        path = pip_lines.outside(line)
+        if path is not None:
+            errors.append(
+                {
+                    "loc": ["body", "requirements", index],
+                    "msg": pip_lines.outside_why(line, path),
+                    "type": "value_error",
+                }
+            )
+    if errors:
+        raise SpecInvalid(errors)
 
 
 def _check_recipe(spec: JobCreate) -> None:

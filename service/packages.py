@@ -1,10 +1,12 @@
 """Code packages: zip archives a job runs from, checked before anything is enqueued and
 unpacked once per digest, read-only, into a cache that jobs share.
 
-``check_package`` reads only the central directory (names, types, declared sizes), so it
-is cheap enough for the API to run on every submit. ``unpack`` trusts none of it: it
-checks again, counts the bytes actually written, and works in a temp directory renamed
-into place only when whole, so a cache entry is complete or absent.
+``check_package`` reads the central directory (names, types, declared sizes), then each
+member's data through once per archive (a later submit naming it reads nothing), so a
+package that lies about its sizes is refused at submit, not on every attempt of the job.
+``unpack`` trusts none of it: it checks again, counts the bytes actually written, and
+works in a temp directory renamed into place only when whole, so a cache entry is
+complete or absent.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import zipfile
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from service.errors import PackageInvalid
 from service.settings import Settings
@@ -58,7 +63,20 @@ def check_package(
     path: Path, *, max_files: int, max_unpacked_bytes: int, max_bytes: int | None = None
 ) -> PackageSummary:
     """Refuse (PackageInvalid, naming the entry) an archive that is not a zip, too large,
-    or holds a path out of its root, a link, a device, or too many files or bytes."""
+    or holds a path out of its root, a link, a device, or too many files or bytes; or a
+    member whose data is not what the archive declares (its size, its CRC), which would
+    fail on every worker that unpacked it."""
+    summary = _check_directory(
+        path, max_files=max_files, max_unpacked_bytes=max_unpacked_bytes, max_bytes=max_bytes
+    )
+    _check_data(path)
+    return summary
+
+
+def _check_directory(
+    path: Path, *, max_files: int, max_unpacked_bytes: int, max_bytes: int | None = None
+) -> PackageSummary:
+    """``check_package``'s look at the central directory alone."""
     if max_bytes is not None and path.stat().st_size > max_bytes:
         raise PackageInvalid(
             f"archive larger than {max_bytes} bytes (the limit set by TRAINYARD_MAX_CODE_BYTES)"
@@ -89,6 +107,33 @@ def check_package(
             )
     _check_parents(infos)
     return PackageSummary(files, declared, frozenset(i.filename for i in infos if not i.is_dir()))
+
+
+# Archives whose data was read whole and found as declared, by (path, inode, size, mtime):
+# a blob never changes under its digest, so each is read once per process, not per submit.
+_VERIFIED: OrderedDict[tuple[str, int, int, int], None] = OrderedDict()
+_VERIFIED_MAX = 1024
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _check_data(path: Path) -> None:
+    """Read every member through (nothing is written), as ``unpack`` will: a member that
+    holds more or fewer bytes than declared, or whose CRC is wrong, is refused. Run after
+    ``_check_directory``, so at most the declared (and allowed) bytes are read."""
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _VERIFIED_LOCK:
+        if key in _VERIFIED:
+            _VERIFIED.move_to_end(key)
+            return
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.is_dir():
+                _copy(archive, info, None, info.file_size)
+    with _VERIFIED_LOCK:
+        _VERIFIED[key] = None
+        while len(_VERIFIED) > _VERIFIED_MAX:
+            _VERIFIED.popitem(last=False)
 
 
 def _check_parents(infos: list[zipfile.ZipInfo]) -> None:
@@ -134,7 +179,8 @@ def unpack(path: Path, dest: Path, *, max_files: int, max_unpacked_bytes: int) -
     as it is. Checked again on the way, by the bytes written, not the sizes declared."""
     if dest.is_dir():
         return dest
-    check_package(path, max_files=max_files, max_unpacked_bytes=max_unpacked_bytes)
+    # The data is checked as it is written (a worker never trusts the API's look at it).
+    _check_directory(path, max_files=max_files, max_unpacked_bytes=max_unpacked_bytes)
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-", suffix=".part"))
     try:
@@ -163,15 +209,26 @@ def unpack(path: Path, dest: Path, *, max_files: int, max_unpacked_bytes: int) -
 
 def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, room: int) -> int:
     """Copy one entry, stopping as soon as it passes its declared size or the room left."""
+    with open(target, "xb") as out:
+        written = _copy(archive, info, out, room)
+    mode = 0o555 if (info.external_attr >> 16) & 0o111 else 0o444
+    os.chmod(target, mode)
+    return written
+
+
+def _copy(archive: zipfile.ZipFile, info: zipfile.ZipInfo, out: BinaryIO | None, room: int) -> int:
+    """Read one entry whole (into ``out``, if given): PackageInvalid as soon as it passes
+    its declared size or ``room``, or if it is damaged (fewer bytes, a wrong CRC)."""
     allowed = min(info.file_size, room)
     written = 0
     try:
-        with archive.open(info) as source, open(target, "xb") as out:
+        with archive.open(info) as source:
             while chunk := source.read(COPY_CHUNK_BYTES):
                 written += len(chunk)
                 if written > allowed:
                     raise PackageInvalid("holds more bytes than it declares", info.filename)
-                out.write(chunk)
+                if out is not None:
+                    out.write(chunk)
     except (zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError) as exc:
         # zipfile stops at the declared size and then finds the CRC wrong: the same lie.
         raise PackageInvalid(f"damaged or not as declared ({exc})", info.filename) from exc
@@ -179,8 +236,10 @@ def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, room
         if exc.errno is not None:  # the disk, not the archive
             raise
         raise PackageInvalid(f"damaged ({exc})", info.filename) from exc  # bz2's own error
-    mode = 0o555 if (info.external_attr >> 16) & 0o111 else 0o444
-    os.chmod(target, mode)
+    if written < info.file_size:
+        raise PackageInvalid(
+            f"holds {written} bytes, not the {info.file_size} it declares", info.filename
+        )
     return written
 
 

@@ -151,7 +151,6 @@ def lie_about_size(path: Path, name: bytes, declared: int) -> None:
 def test_unpack_refuses_a_zip_that_holds_more_than_it_declares(tmp_path: Path) -> None:
     archive = make_zip(tmp_path / "bomb.zip", [("big.bin", b"\0" * 100_000)])
     lie_about_size(archive, b"big.bin", 10)
-    assert check_package(archive, max_files=10, max_unpacked_bytes=100).unpacked_bytes == 10
     cache = tmp_path / "cache"
     with pytest.raises(PackageInvalid) as refused:
         unpack(archive, cache / "bomb", max_files=10, max_unpacked_bytes=100)
@@ -164,3 +163,34 @@ def test_unpack_checks_first(tmp_path: Path) -> None:
     with pytest.raises(PackageInvalid, match="symbolic link"):
         unpack(archive, tmp_path / "cache" / "x", **LIMITS)
     assert not (tmp_path / "cache" / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("declared", "why"),
+    [
+        (10, "damaged or not as declared"),  # a zip bomb's lie: past 10 bytes, its CRC is wrong
+        (200_000, "holds 100000 bytes, not the 200000 it declares"),  # truncated
+    ],
+)
+def test_a_zip_that_lies_about_its_sizes_is_refused_by_the_check(
+    tmp_path: Path, declared: int, why: str
+) -> None:
+    """The API's check reads the data too: a package that unpacks on no worker is refused
+    at submit (it had passed, and every attempt of its job failed unpacking it)."""
+    archive = make_zip(tmp_path / "liar.zip", [("big.bin", b"\0" * 100_000), *GOOD])
+    lie_about_size(archive, b"big.bin", declared)
+    with pytest.raises(PackageInvalid, match=why) as refused:
+        check_package(archive, max_files=10, max_unpacked_bytes=1_000_000)
+    assert refused.value.entry == "big.bin"
+
+
+def test_a_member_whose_data_is_damaged_is_refused_by_the_check(tmp_path: Path) -> None:
+    archive = make_zip(tmp_path / "damaged.zip", [("train.py", b"print('x')\n" * 100)])
+    raw = bytearray(archive.read_bytes())
+    central = raw.index(b"PK\x01\x02")
+    struct.pack_into("<I", raw, central + 16, 0xDEADBEEF)  # the CRC the directory declares
+    archive.write_bytes(bytes(raw))
+    with pytest.raises(PackageInvalid, match="damaged") as refused:
+        check_package(archive, **LIMITS)
+    assert refused.value.entry == "train.py"
+    assert check_package(make_zip(tmp_path / "good.zip", GOOD), **LIMITS).files == 3

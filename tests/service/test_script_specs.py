@@ -9,6 +9,7 @@ import hashlib
 import io
 import zipfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from service.db import read_session, write_session
 from service.errors import SpecInvalid
 from service.models import JobCreate
 from service.settings import Settings
-from tests.service.test_packages import typed
+from tests.service.test_packages import lie_about_size, make_zip, typed
 
 
 def zipped(entries: list[tuple[str | zipfile.ZipInfo, bytes]]) -> bytes:
@@ -211,3 +212,62 @@ def test_a_rerun_is_refused_as_a_submit_of_its_spec_is(
         assert rerun.json()["detail"] == submit.json()["detail"]
         assert "TRAINYARD_MAX_QUEUED_JOBS_PER_USER" in rerun.json()["detail"]
         assert jobs(api) == 2  # the cancelled one and the recipe job: nothing enqueued
+
+
+OUTSIDE = [
+    "-r /etc/hostname",
+    "--requirement=/etc/hostname",
+    "-c ../constraints.txt",
+    "-rsub/../../up.txt",
+    "--constraint ~/.netrc",
+    "-r ${HOME}/.netrc",
+    "pkg @ file:///etc/hostname",
+    "-e /srv/someone-elses-project",
+    "--find-links ../wheels",
+    "-i file:///var/lib/index",
+]
+INSIDE = [
+    "numpy>=1.26; python_version >= '3.11'",
+    "-r more.txt",
+    "-c sub/../constraints.txt",
+    "-e .",
+    "./wheels/x-1.0-py3-none-any.whl",
+    "--find-links ./wheels",
+    "-i https://pypi.org/simple",
+    "pkg @ git+https://example.org/pkg.git",
+]
+
+
+def test_requirement_lines_naming_a_file_outside_the_package_are_refused(
+    api: TestClient,
+) -> None:
+    """pip reads a file a line names wherever it is, and its error shows what it read:
+    ``-r /etc/hostname`` put that file into the job's reason. Each such line is refused
+    at once, naming it."""
+    code = put(api, PACKAGE)
+    detail = refused(api, script(code, requirements=[*INSIDE, *OUTSIDE]))
+    assert [e["loc"] for e in detail] == [
+        ["body", "requirements", len(INSIDE) + i] for i in range(len(OUTSIDE))
+    ]
+    for error, line in zip(detail, OUTSIDE, strict=True):
+        assert (
+            f"requirement line {line!r}" in error["msg"]
+            and "outside the code package" in error["msg"]
+        )
+
+
+def test_requirement_lines_naming_the_packages_own_files_are_accepted(api: TestClient) -> None:
+    code = put(api, PACKAGE)
+    r = api.post("/api/v1/jobs", json=script(code, requirements=INSIDE))
+    assert r.status_code == 201, r.text
+
+
+def test_a_package_that_lies_about_its_sizes_is_refused_at_submit(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """Its data is read at submit: such a package had been queued, and each attempt of its
+    job failed unpacking it on the worker."""
+    archive = make_zip(tmp_path / "liar.zip", [("train.py", b"#" * 10_000)])
+    lie_about_size(archive, b"train.py", 100)
+    detail = refused(api, script(put(api, archive.read_bytes())))
+    assert "code package entry 'train.py'" in detail and "not as declared" in detail

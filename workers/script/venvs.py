@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from service import pip_lines
 from service.reasons import ReasonCode
 from workers.errors import NotRetryable
 from workers.procfs import kill_tree
@@ -69,6 +70,7 @@ def python_for(
     lock is held past ``timeout_s``."""
     if not lines:
         return sys.executable
+    refuse_outside(lines, package)
     key = venv_key(lines, package)
     root = cache_dir / "venvs"
     target = root / key
@@ -92,6 +94,44 @@ def python_for(
     if not (own / READY).exists():
         _build(own, lines, package, max(deadline - time.monotonic(), 1.0))
     return _python(own)
+
+
+def refuse_outside(lines: list[str], package: Path) -> None:
+    """Fail the job, not to be retried, on a line (or one of a file the lines include)
+    that names a path outside the package, by its words or through a link: pip would
+    read it, and its error would show what it read. Nothing outside is ever read."""
+    root = package.resolve()
+    todo = [(line, root, "") for line in lines]
+    seen: set[Path] = set()
+    while todo:
+        line, base, source = todo.pop()
+        where = f" (in {source})" if source else ""
+        folder = base.relative_to(root).as_posix()
+        path = pip_lines.outside(line, "" if folder == "." else folder)
+        for option, value in pip_lines.raw_words(line) if path is None else []:
+            named = pip_lines.local_path(option, value)
+            bases = [base] if option in _FILE_OPTIONS else [base, root]
+            if named is None or all(_within(b / named, root) for b in bases):
+                continue
+            path = named
+        if path is not None:
+            raise NotRetryable(
+                ReasonCode.requirements_failed, pip_lines.outside_why(line, path) + where
+            )
+        for option, value in pip_lines.words(line):
+            file = _inside(base / value, root) if option in _FILE_OPTIONS else None
+            if file is not None and file.is_file() and file not in seen:
+                seen.add(file)
+                nested = requirement_lines(file.read_text(errors="replace").splitlines(), root)
+                todo += [(x, file.parent, str(file.relative_to(root))) for x in nested]
+
+
+def _within(path: Path, root: Path) -> bool:
+    """Whether ``path``, its links followed, is inside ``root`` (or is not there at all)."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except OSError:  # a word too long to be a file's name, say
+        return True
 
 
 def _python(venv: Path) -> str:
@@ -169,10 +209,9 @@ def venv_key(lines: list[str], package: Path) -> str:
 
 
 _EDITABLE = ("-e", "--editable")
-# pip reads these files relative to the file that names them (the lines are copied out
-# of the package to be read: see _for_pip), and follows their lines in turn.
-_FILE_OPTIONS = ("-r", "--requirement", "-c", "--constraint")
-_ARCHIVES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar")
+# pip reads -r and -c files relative to the file that names them (the lines are copied
+# out of the package to be read: see _for_pip), and follows their lines in turn.
+_FILE_OPTIONS = pip_lines.FILE_OPTIONS
 
 
 def _named_paths(lines: list[str], root: Path) -> dict[Path, bool]:
@@ -184,10 +223,10 @@ def _named_paths(lines: list[str], root: Path) -> dict[Path, bool]:
     todo = [(line, root) for line in sorted(lines)]
     while todo:
         line, base = todo.pop()
-        for option, value in _words(line):
+        for option, value in pip_lines.words(line):
             if option in _FILE_OPTIONS:
                 path = _inside(base / value, root)
-            elif "/" in value or value.startswith(".") or value.endswith(_ARCHIVES):
+            elif "/" in value or value.startswith(".") or value.endswith(pip_lines.ARCHIVES):
                 path = _inside(root / value, root)  # pip's working folder is the package
             else:
                 continue
@@ -198,34 +237,6 @@ def _named_paths(lines: list[str], root: Path) -> dict[Path, bool]:
                 nested = path.read_text(errors="replace").splitlines()
                 todo += [(x, path.parent) for x in requirement_lines(nested, root)]
     return found
-
-
-def _words(line: str) -> list[tuple[str, str]]:
-    """(option, value) for each value in a requirement line, its extras, markers and
-    fragment cut off: ``-e ./x``, ``-e./x`` and ``--editable=./x[dev]`` all give
-    ("-e" or "--editable", "./x"); a bare word gives ("", word)."""
-    found = []
-    option = ""
-    for word in line.split():
-        if option:
-            found.append((option, word))
-            option = ""
-        elif word.startswith("--"):
-            name, eq, value = word.partition("=")
-            if eq:
-                found.append((name, value))
-            else:
-                option = name  # the value is the next word (a flag's next word is its own)
-        elif word.startswith("-"):
-            if len(word) > 2:
-                found.append((word[:2], word[2:]))
-            else:
-                option = word
-        else:
-            found.append(("", word))
-    return [
-        (option, re.split(r"[\[;#]", value.removeprefix("file:"))[0]) for option, value in found
-    ]
 
 
 def _inside(path: Path, root: Path) -> Path | None:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from service.errors import PackageInvalid
 from service.models import Job
+from service.reasons import ReasonCode
 from service.settings import Settings
+from workers.errors import NotRetryable
 from workers.jobfiles import JobFiles
 from workers.supervisor import nofollow
 from workers.supervisor.blob_cache import BlobCache
@@ -25,7 +28,12 @@ def place(
     if job.code is None:
         return None, []
     cache = BlobCache(settings, holds)
-    package = cache.code(job.code)
+    try:
+        package = cache.code(job.code)
+    except PackageInvalid as exc:
+        # The same bytes fail the same way on every attempt (a member that holds more or
+        # less than the archive declares, a damaged one): the job's, not the worker's.
+        raise NotRetryable(ReasonCode.bad_spec, f"{exc}; upload a new package") from exc
     blobs = {name: cache.blob(digest) for name, digest in (job.data or {}).items()}
     if holds is not None:
         if job.entrypoint is not None:  # a script job: its runner builds or reuses one

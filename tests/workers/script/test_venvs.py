@@ -206,3 +206,44 @@ def test_a_failed_install_is_its_own_reason_with_pips_words(tmp_path: Path) -> N
     assert "No matching distribution" in str(failed.value)
     assert "package index" in str(failed.value)  # the hint for a box without one
     assert not list((tmp_path / "cache" / "venvs").glob("*/bin"))  # nothing half-built kept
+
+
+SECRET = "the box's own file: never in a job's reason\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "lines", "named"),
+    [
+        ({}, ["-r {secret}"], "{secret}"),  # the job's own line
+        ({"requirements.txt": "--requirement={secret}\n"}, None, "{secret}"),  # its package's
+        ({"more.txt": "-c ../../{name}\n"}, ["-r more.txt"], "../../{name}"),  # one it includes
+        ({"sub/more.txt": "six\n-r ../../{name}\n"}, ["-r sub/more.txt"], "../../{name}"),
+        ({}, ["-r link.txt"], "link.txt"),  # through a link in the package
+        ({}, ["-e ./away"], "./away"),  # a folder, through a link
+    ],
+)
+def test_a_requirement_naming_a_file_outside_the_package_fails_before_pip_runs(
+    tmp_path: Path, files: dict[str, str], lines: list[str] | None, named: str
+) -> None:
+    """pip read any file a line named, and its error put that file's lines into the job's
+    reason (``-r /etc/hostname``). The job fails, not retried, naming the line; nothing is
+    read from outside the package and no virtualenv is made."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "link.txt").symlink_to(secret)
+    (package / "away").symlink_to(tmp_path)
+    for name, text in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text.format(secret=secret, name=secret.name))
+    lines = requirement_lines(
+        [line.format(secret=secret) for line in lines] if lines is not None else None, package
+    )
+    with pytest.raises(NotRetryable) as failed:
+        python_for(lines, tmp_path / "cache", package, timeout_s=120)
+    assert failed.value.code == ReasonCode.requirements_failed
+    message = str(failed.value)
+    assert repr(named.format(secret=secret, name=secret.name)) in message
+    assert "outside the code package" in message and SECRET.strip() not in message
+    assert not (tmp_path / "cache" / "venvs").exists()
