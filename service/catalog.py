@@ -25,6 +25,7 @@ from service.jobspec import (
     resolve_accelerator,
     served_accelerators,
     strategy_problem,
+    unknown_field,
     wants,
     world_size,
 )
@@ -277,16 +278,54 @@ def _check_share(share_gb: float, eligible: list[Worker]) -> None:
 def _check_recipe(catalog: Catalog, recipe: str, params: dict[str, Any]) -> None:
     if recipe not in catalog.recipes:
         known = ", ".join(sorted(catalog.recipes)) or "none"
+        if not catalog.alive():  # what stopped workers offered is no list of what can run
+            raise SpecInvalid.at(
+                ("recipe",),
+                f"no worker is running, so recipe {recipe!r} is not known yet: recipes are "
+                f"known once a worker has registered (start one, or submit again in a few "
+                f"seconds); workers seen before offered: {known}",
+            )
         raise SpecInvalid.at(("recipe",), f"unknown recipe {recipe!r}; known: {known}")
-    validator = catalog.validators[recipe]
-    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
+    errors = params_errors(catalog, recipe, params)
     if errors:
-        raise SpecInvalid(
-            [
-                {"loc": ["body", "params", *e.absolute_path], "msg": e.message, "type": "params"}
-                for e in errors
+        raise SpecInvalid(errors)
+
+
+def params_errors(catalog: Catalog, recipe: str, params: Any) -> list[dict[str, Any]]:
+    """Every way ``params`` miss the recipe's JSON schema, in FastAPI's validation-error
+    shape, an unknown name told the known ones close to it; none for a recipe the
+    catalog does not know."""
+    validator = catalog.validators.get(recipe)
+    if validator is None:
+        return []
+    errors: list[dict[str, Any]] = []
+    for e in sorted(validator.iter_errors(params), key=lambda e: list(map(str, e.absolute_path))):
+        where = ["body", "params", *e.absolute_path]
+        known = e.schema.get("properties", {}) if isinstance(e.schema, dict) else {}
+        if e.validator == "additionalProperties" and isinstance(e.instance, dict) and known:
+            errors += [
+                {
+                    "loc": [*where, name],
+                    "msg": unknown_field(name, known),
+                    "type": "extra_forbidden",
+                }
+                for name in e.instance
+                if name not in known
             ]
-        )
+        else:
+            errors.append({"loc": where, "msg": e.message, "type": "params"})
+    return errors
+
+
+def params_beside(catalog: Catalog, body: Any) -> list[dict[str, Any]]:
+    """The params' errors of a submitted body that failed validation before its params
+    were looked at (unknown fields, say), so one answer lists both."""
+    if not isinstance(body, dict) or body.get("code") is not None:
+        return []  # a package's recipe is checked at the claim
+    recipe, params = body.get("recipe"), body.get("params", {})
+    if not isinstance(recipe, str) or not isinstance(params, dict):
+        return []
+    return params_errors(catalog, recipe, params)
 
 
 def _check_memory(catalog: Catalog, spec: JobCreate, eligible: list[Worker]) -> None:

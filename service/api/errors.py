@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import logging
+from typing import Any, get_args
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import iter_route_contexts
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from service.artifacts import ArtifactNotFound
+from service.catalog import CatalogCache, params_beside
 from service.db import DATABASE_UNAVAILABLE
 from service.errors import (
     BlobDigestMismatch,
@@ -34,6 +38,8 @@ from service.errors import (
     UserExists,
     UserNotFound,
 )
+from service.jobspec import unknown_field
+from service.models import JobCreate
 from service.points import finite_json
 
 log = logging.getLogger(__name__)
@@ -98,11 +104,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(TrainyardError, handle)
 
-    async def invalid_request(_request: Request, exc: Exception) -> JSONResponse:
+    async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
         # FastAPI's own 422, with the refused input's numbers made JSON: a NaN or Infinity
         # in a body (Python's json reads them) made the answer itself fail, a 500.
         assert isinstance(exc, RequestValidationError)
-        detail = finite_json(jsonable_encoder(exc.errors()))
+        model = _body_model(request)
+        errors = [_hinted(e, model) for e in exc.errors()]
+        if model is JobCreate:  # the params too: every problem of a spec in one answer
+            errors += await _params_beside(request, exc.body)
+        detail = finite_json(jsonable_encoder(errors))
         return JSONResponse({"detail": detail}, status_code=422)
 
     app.add_exception_handler(RequestValidationError, invalid_request)
@@ -130,6 +140,37 @@ def install_error_handlers(app: FastAPI) -> None:
         return await http_exception_handler(request, exc)
 
     app.add_exception_handler(HTTPException, http_error)
+
+
+def _body_model(request: Request) -> type[BaseModel] | None:
+    """The model of the request's JSON body, where its route has one."""
+    body_field = getattr(request.scope.get("route"), "body_field", None)
+    annotation = getattr(getattr(body_field, "field_info", None), "annotation", None)
+    for model in (annotation, *get_args(annotation)):  # TokenCreate | None
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return model
+    return None
+
+
+def _hinted(error: Any, model: type[BaseModel] | None) -> Any:
+    """A body's unknown top-level field told the field names close to it."""
+    loc = error.get("loc", ())
+    if error.get("type") != "extra_forbidden" or model is None or len(loc) != 2:
+        return error
+    return {**error, "msg": unknown_field(str(loc[1]), model.model_fields)}
+
+
+async def _params_beside(request: Request, body: Any) -> list[dict[str, Any]]:
+    """The errors of a refused spec's params (``catalog.params_beside``), from the
+    catalog as the submit would read it; none if the database cannot say now."""
+    catalogs: CatalogCache = request.app.state.catalog
+    catalog = catalogs.cached()
+    if catalog is None:
+        try:
+            catalog = await run_in_threadpool(catalogs.get, request.app.state.engine)
+        except SQLAlchemyError:  # the fields' errors still stand on their own
+            return []
+    return params_beside(catalog, body)
 
 
 def methods_of_path(app: FastAPI, request: Request) -> set[str]:

@@ -204,7 +204,7 @@ BAD_SPECS = [
     ({"max_attempts": 11}, ["max_attempts"], "less than or equal to 10"),
     ({"timeout_s": 0}, ["timeout_s"], "greater than or equal to 1"),
     ({"epochs": "many"}, ["epochs"], "integer"),
-    ({"surprise": True}, ["surprise"], "Extra inputs are not permitted"),
+    ({"surprise": True}, ["surprise"], "unknown field 'surprise'"),
 ]
 
 
