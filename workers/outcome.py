@@ -17,7 +17,12 @@ from service.models import JobStatus
 from service.points import finite_json, finite_values, storable_text
 from service.reasons import ReasonCode
 from service.store import Outcome
+from service.store.transitions import REASON_MAX_CHARS
+from workers.errors import OOM_ADVICE
 from workers.jobfiles import write_atomic
+
+# A failed script's reason ends with this many of its last lines on stderr.
+STDERR_REASON_LINES = 10
 
 
 class StopReason(StrEnum):
@@ -144,13 +149,32 @@ def decide(
     said = str(error.get("message"))
     if not error.get("plain"):  # an exception's own words: say whose
         said = f"{error.get('type')}: {said}"
+    said = f"{said}{ranks}"
+    code = _reason(error.get("code"))
+    if code in OOM_ADVICE:  # which setting to lower, where the job's reason is read
+        said = f"{said}: {OOM_ADVICE[code]}"
     return Outcome(
         JobStatus.failed,
-        _reason(error.get("code")),
-        storable_text(f"{said}{ranks}"[:2000]),
+        code,
+        reason_text(said, error.get("stderr")),
         error=error,
         retryable=bool(error.get("retryable", True)),
+        # a report from before ``own`` was said: the job's code raised
+        own=bool(error.get("own", True)),
     )
+
+
+def reason_text(said: str, stderr: object = None) -> str:
+    """A failure's reason: what happened, then the last lines the failing process wrote on
+    stderr (a script's cause, ``SyntaxError: expected ':'``, is there and nowhere else),
+    as many of the last as fit in the stored reason."""
+    first = said.replace("\n", " ")[:REASON_MAX_CHARS]
+    lines = (
+        [str(line) for line in stderr][-STDERR_REASON_LINES:] if isinstance(stderr, list) else []
+    )
+    while lines and len(first) + sum(len(line) + 1 for line in lines) > REASON_MAX_CHARS:
+        lines.pop(0)  # the last lines say most: the error comes at the end
+    return storable_text("\n".join([first, *lines])[:REASON_MAX_CHARS])
 
 
 def _reason(code: str | None) -> ReasonCode:

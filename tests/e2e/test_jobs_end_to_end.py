@@ -119,11 +119,17 @@ def test_cancel_running_ddp_job_stops_every_process(stack: Stack) -> None:
 
 @one_database("sqlite")  # the runner's report; the store's failure path is tested on both
 def test_failing_job_ends_failed_with_its_error_and_last_lines(stack: Stack) -> None:
+    """The recipe raises on every attempt: retried once, as retries_on_error asks, though
+    attempts are left (the same code fails again)."""
     stack.start_worker()
-    job = stack.submit(recipe="tiny", params={"fail": True}, max_attempts=2, devices=2, epochs=1)
+    spec = {"max_attempts": 3, "retries_on_error": 1, "devices": 2, "epochs": 1}
+    job = stack.submit(recipe="tiny", params={"fail": True}, **spec)
     done = stack.wait_status(job["id"], {"succeeded", "failed"})
     assert done["status"] == "failed" and done["attempt"] == 2
     assert done["reason"]["code"] == "error"
+    said = done["reason"]["message"]
+    assert said.startswith("builtins.RuntimeError: tiny recipe failed on purpose (rank 0 "), said
+    assert said.endswith(") (the job's own error, 2 times; retries_on_error is 1)"), said
     assert done["error"]["type"] == "builtins.RuntimeError"
     assert done["error"]["message"] == "tiny recipe failed on purpose"
     assert any("RuntimeError" in line for line in done["error"]["traceback"])

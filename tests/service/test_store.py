@@ -10,7 +10,7 @@ from sqlalchemy import Engine, event, insert, update
 
 from service import store
 from service.db import make_engine, read_session, write_session
-from service.models import Job, JobCreate, JobStatus
+from service.models import Job, JobCreate, JobStatus, utcnow
 from service.points import ProgressPoint
 from service.reasons import ReasonCode as R
 from service.store import Fence, Outcome, transitions
@@ -219,6 +219,75 @@ def test_not_retryable_failure_fails_at_once(engine: Engine) -> None:
         engine, fence, Outcome(JobStatus.failed, R.bad_params, "no", retryable=False)
     )
     assert done is not None and done.status == JobStatus.failed and done.reason_code == "bad_params"
+
+
+def claim_now(engine: Engine, job_id: int) -> Fence:
+    """The job's next attempt, claimed without waiting out its back-off."""
+    with write_session(engine) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(run_after=None))  # type: ignore[arg-type]
+    fence = claim(engine)
+    assert fence is not None
+    return fence
+
+
+def own_error(message: str) -> Outcome:
+    """The job's own code failed: an exception in its recipe, its script's exit."""
+    error = {"type": "builtins.SyntaxError", "message": message, "code": "error"}
+    return Outcome(JobStatus.failed, R.error, message, error=error, retryable=True, own=True)
+
+
+def test_the_jobs_own_failure_is_not_retried_unless_its_spec_asks(engine: Engine) -> None:
+    job_id = enqueue(engine, max_attempts=3)
+    fence = claim(engine)
+    assert fence is not None
+    failed = store.finish_attempt(engine, fence, own_error("expected ':'\n  File x.py"))
+    assert failed is not None and (failed.status, failed.attempt) == (JobStatus.failed, 1)
+    # the note on the first line; what follows it (a script's stderr) stays last
+    assert failed.reason_message == (
+        "expected ':' (the job's own error; retries_on_error is 0)\n  File x.py"
+    )
+    assert failed.error is not None and failed.error["own_failures"] == 1
+    assert store.load_job(engine, job_id).status == JobStatus.failed
+
+
+def test_own_failures_are_counted_across_attempts_that_ended_otherwise(engine: Engine) -> None:
+    """retries_on_error=1: one own failure is retried; a lost worker and a runner killed
+    from outside between the two are retried too and do not reset the count."""
+    job_id = enqueue(engine, max_attempts=5, retries_on_error=1)
+    fence = claim(engine)
+    assert fence is not None
+    again = store.finish_attempt(engine, fence, own_error("boom"))
+    assert again is not None and (again.status, again.attempt) == (JobStatus.queued, 2)
+    assert again.reason_message == (
+        "boom (attempt 1 of 5; retrying; the job's own error; retry 1 of retries_on_error=1)"
+    )
+    fence = claim_now(engine, job_id)
+    with write_session(engine) as s:  # its worker stops renewing the lease
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow()))  # type: ignore[arg-type]
+    assert store.expire_leases(engine) == [job_id]
+    fence = claim_now(engine, job_id)
+    killed = Outcome(JobStatus.failed, R.runner_died, "runner killed by SIGKILL", retryable=True)
+    third = store.finish_attempt(engine, fence, killed)
+    assert third is not None and (third.status, third.attempt) == (JobStatus.queued, 4)
+    assert third.error is not None and third.error["own_failures"] == 1  # the last own error
+    fence = claim_now(engine, job_id)
+    done = store.finish_attempt(engine, fence, own_error("boom again"))
+    assert done is not None and (done.status, done.attempt) == (JobStatus.failed, 4)
+    assert done.reason_message == "boom again (the job's own error, 2 times; retries_on_error is 1)"
+    assert done.error is not None and done.error["message"] == "boom again"
+
+
+def test_a_runner_cannot_claim_fewer_own_failures_than_the_job_had(engine: Engine) -> None:
+    enqueue(engine, max_attempts=3, retries_on_error=1)
+    fence = claim(engine)
+    assert fence is not None
+    assert store.finish_attempt(engine, fence, own_error("boom")) is not None
+    fence = claim_now(engine, fence.job_id)
+    lying = own_error("boom")
+    assert lying.error is not None
+    lying.error["own_failures"] = 0  # the job's code can write the runner's report
+    done = store.finish_attempt(engine, fence, lying)
+    assert done is not None and done.status == JobStatus.failed
 
 
 def test_cancel_while_running_then_finish_is_cancelled(engine: Engine) -> None:

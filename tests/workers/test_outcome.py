@@ -92,3 +92,36 @@ def test_trainyards_own_failures_read_as_sentences_and_others_name_their_excepti
         report = RunnerReport(ok=False, error=describe(exc))
         outcome = decide(None, report, 1, **LIMITS)  # type: ignore[arg-type]
         assert outcome.reason_message == message
+
+
+def test_whose_failure_it_is_the_jobs_own_or_the_boxs() -> None:
+    """The job's code raised: its own. A collective broken by a peer that went away, a
+    rank killed from outside (no rank described a failure of its own), nodes that never
+    met: not the job's, so retried while attempts are left."""
+    from workers.ranks.strategies import RanksFailed
+    from workers.runner.node import RendezvousFailed
+
+    gone = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    cases = {
+        ValueError("bad column"): True,
+        FileNotFoundError(2, "No such file or directory"): True,
+        gone: False,
+        RanksFailed("rank 0 exited with 1; rank 1 killed by SIGKILL"): False,
+        RendezvousFailed("node 1 never came"): False,
+    }
+    for exc, own in cases.items():
+        outcome = decide(None, RunnerReport(ok=False, error=describe(exc)), 1, **LIMITS)  # type: ignore[arg-type]
+        assert (outcome.own, outcome.retryable) == (own, True), exc
+
+
+def test_out_of_memory_says_which_setting_to_lower() -> None:
+    for exc, code, words in (
+        (MemoryError(), ReasonCode.out_of_memory, "lower batch_size or the model's size"),
+        (RuntimeError("CUDA out of memory. Tried"), ReasonCode.cuda_oom, "gpu_memory_gb"),
+    ):
+        outcome = decide(None, RunnerReport(ok=False, error=describe(exc)), 1, **LIMITS)  # type: ignore[arg-type]
+        assert outcome.reason_code == code and words in outcome.reason_message
+        assert not outcome.retryable
+    cuda = {**describe(ValueError("CUDA out of memory")), "code": "cuda_oom", "retryable": False}
+    outcome = decide(None, RunnerReport(ok=False, error=cuda), 1, **LIMITS)  # type: ignore[arg-type]
+    assert "gpu_memory_gb" in outcome.reason_message and "batch_size" in outcome.reason_message

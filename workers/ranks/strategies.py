@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from pydantic import BaseModel
 from torch import nn
 
-from workers.errors import describe
+from workers.errors import NotTheJobs, describe
 from workers.jobfiles import write_atomic
 from workers.outcome import RunnerReport, how_it_ended
 from workers.plan import Launch
@@ -136,8 +136,10 @@ def _run_ddp(
     return report.result or {}
 
 
-class RanksFailed(RuntimeError):
-    """A DDP rank failed; the message says how every rank ended."""
+class RanksFailed(RuntimeError, NotTheJobs):
+    """A DDP rank failed; the message says how every rank ended. It stands for the
+    attempt's failure only where no rank described one of its own (a rank killed from
+    outside): a rank whose code raised leaves its error, which the runner reports."""
 
 
 def _how_ranks_ended(processes: list[Any]) -> str:

@@ -233,14 +233,19 @@ def _recipe(settings: JobSettings, job: Job, node: int | None, package: Path | N
 
 
 def _error(exc: BaseException, files: JobFiles, attempt: int) -> dict[str, Any]:
-    """How the attempt failed: the first failing rank's own report says more than ours."""
-    error = exc.error if isinstance(exc, Described) else describe(exc)
+    """How the attempt failed: a failing rank's own report says more than ours; the first
+    whose code raised, else the first (a survivor whose collective broke: whoever broke
+    it left no report, so the failure is not the job's own)."""
+    # the supervisor could not place the job's inputs: the box's failure
+    error = {**exc.error, "own": False} if isinstance(exc, Described) else describe(exc)
+    ranks = []
     for path in files.rank_errors(attempt):
         try:
-            error = {**json.loads(path.read_text()), "ranks": str(exc)}
-            break
+            ranks.append({**json.loads(path.read_text()), "ranks": str(exc)})
         except (OSError, ValueError):
             continue
+    if ranks:
+        error = next((e for e in ranks if e.get("own", True)), ranks[0])
     # The traceback goes to the job's log too: the last lines before a crash matter most.
     log.error(
         "attempt %d failed: %s: %s\n%s",

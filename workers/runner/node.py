@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from service.settings import is_loopback
+from workers.errors import NotTheJobs
 from workers.runner.loopback import (
     RENDEZVOUS_BACKEND,
     bound_store,
@@ -63,8 +64,9 @@ class Node:
         return env
 
 
-class RendezvousFailed(RuntimeError):
-    """The nodes did not all meet in time; the message names the ones awaited."""
+class RendezvousFailed(RuntimeError, NotTheJobs):
+    """The nodes did not all meet in time; the message names the ones awaited (their
+    boxes' failure, not the job's)."""
 
 
 def launch_config(

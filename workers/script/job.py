@@ -11,7 +11,8 @@ on loopback): a script that runs under ``torchrun`` runs here unchanged; across 
 The script's environment is an allow-list (no database URL, no API token) plus the
 job's own variables (``job_env``). The runner follows ``$TRAINYARD_METRICS_FILE`` into
 the points file the supervisor stores, keeps the tail of the script's stderr for the
-job's ``error``, and turns how the script ended into the attempt's ``RunnerReport``.
+job's ``error`` and its reason (the failing rank's last lines: the cause, as a
+traceback ends), and turns how the script ended into the attempt's ``RunnerReport``.
 
 SIGTERM means "checkpoint now and exit": the supervisor sends it to the attempt's whole
 process group (for ddp the launch passes it on to the ranks); a script that exits
@@ -30,15 +31,15 @@ from service.jobspec import resolve_strategy
 from service.models import Job
 from service.reasons import ReasonCode
 from workers.env_allowlist import inherited
-from workers.errors import ran_out_in
+from workers.errors import TRACEBACK_LINES, out_of_memory_in, peer_gone_in
 from workers.handoff import JobSettings
 from workers.jobfiles import JobFiles, shared_checkpoints
-from workers.outcome import RunnerReport
+from workers.outcome import STDERR_REASON_LINES, RunnerReport
 from workers.plan import Launch, LaunchPlan
 from workers.points_file import PointsFile
 from workers.runner.loopback import LOOPBACK, one_box_env
 from workers.runner.node import Node
-from workers.script.launch import Script, free_port, run_process, run_ranks
+from workers.script.launch import Script, free_port, rank_lines, run_process, run_ranks
 from workers.script.metrics_file import MetricsFile
 from workers.script.venvs import python_for, requirement_lines
 
@@ -157,14 +158,14 @@ def run(script: Script, points: PointsFile) -> RunnerReport:
         return RunnerReport(ok=False, preempted=f"the script {ended.how} after SIGTERM")
     if ended.ok:
         return RunnerReport(ok=True, result=metrics.final(), leader=ended.leader)
-    if ran_out_in(ended.tail):  # under its memory limit: the same spec would run out again
-        return _failed(
-            f"the script ran out of memory ({ended.how})",
-            ended.tail,
-            retryable=False,
-            code=ReasonCode.out_of_memory,
-        )
-    return _failed(f"the script {ended.how}", ended.tail, retryable=True)
+    tail = rank_lines(ended.tail, ended.rank)  # the failing rank's own last words
+    ran_out = out_of_memory_in(tail)
+    if ran_out is not None:  # under its memory limit: the same spec would run out again
+        return _failed(f"the script ran out of memory ({ended.how})", tail, code=ran_out)
+    # A rank whose collective broke when another went away says so last: the other's
+    # failure, or the box's, is not the script's own.
+    own = not ended.outside and not peer_gone_in(tail)
+    return _failed(f"the script {ended.how}", tail, retryable=True, own=own)
 
 
 def _follow(metrics: MetricsFile, done: threading.Event) -> None:
@@ -173,7 +174,12 @@ def _follow(metrics: MetricsFile, done: threading.Event) -> None:
 
 
 def _failed(
-    message: str, tail: list[str], *, retryable: bool, code: ReasonCode = ReasonCode.error
+    message: str,
+    tail: list[str],
+    *,
+    retryable: bool = False,
+    code: ReasonCode = ReasonCode.error,
+    own: bool = True,
 ) -> RunnerReport:
     return RunnerReport(
         ok=False,
@@ -181,9 +187,11 @@ def _failed(
             "type": "ScriptFailed",
             "message": message,
             "plain": True,  # the reason reads "the script exited with 1", no type before it
-            "traceback": tail,
+            "traceback": tail[-TRACEBACK_LINES:],
+            "stderr": tail[-STDERR_REASON_LINES:],  # the cause, in the reason itself
             "rank": None,
             "code": code,
             "retryable": retryable,
+            "own": own,
         },
     )

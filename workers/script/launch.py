@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +30,8 @@ from workers.runner.node import Node, RendezvousFailed, launch_config, not_met
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
-STDERR_TAIL_LINES = 30
+# Lines of stderr kept, every rank's together: the failing rank's last lines are among them.
+STDERR_TAIL_LINES = 200
 RENDEZVOUS_TIMEOUT_S = 60.0  # a rendezvous store operation (c10d's default read timeout)
 DIE_WITH_PARENT = Path(__file__).with_name("die_with_parent.py")
 
@@ -56,6 +59,10 @@ class Ended:
     tail: list[str]  # the last lines of its stderr
     cannot_start: bool = False  # no such program: the entrypoint is wrong
     leader: bool = True  # across boxes: global rank 0 ran here
+    rank: int | None = None  # ddp: the (global) rank that failed first
+    # Killed from outside (SIGKILL: the kernel's OOM killer, someone's kill), or its nodes
+    # never met: the box's failure, not the script's own.
+    outside: bool = False
 
 
 def run_process(script: Script) -> Ended:
@@ -76,7 +83,8 @@ def run_process(script: Script) -> Ended:
         tail.write(line.decode(errors="replace"))
     proc.stderr.close()
     returncode = proc.wait()
-    return Ended(how_it_ended(returncode), returncode == 0, tail.lines())
+    killed = returncode == -signal.SIGKILL
+    return Ended(how_it_ended(returncode), returncode == 0, tail.lines(), outside=killed)
 
 
 def run_ranks(script: Script, terminated: threading.Event) -> Ended:
@@ -113,7 +121,7 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
                 logs_specs=logs,
             )
         except RendezvousFailed as failed:  # node 0 never served the rendezvous
-            return Ended(str(failed), False, [])
+            return Ended(str(failed), False, [], outside=True)
         # R is global; N is this box's place in the gang
         config.log_line_prefix_template = f"[node {node.node} rank ${{rank}}] "
     tail = _Tail(_raw(2))
@@ -131,14 +139,15 @@ def run_ranks(script: Script, terminated: threading.Event) -> Ended:
         return Ended("exited with 0", True, tail.lines(), leader=0 in ended)  # by global rank
     except RendezvousError as exc:
         assert node is not None  # on one box there is nobody to wait for
-        return Ended(str(not_met(node, config, exc)), False, tail.lines())
+        return Ended(str(not_met(node, config, exc)), False, tail.lines(), outside=True)
     except SignalException as stop:  # the agent stopped the ranks and waited for them
         terminated.set()
         return Ended(f"was stopped ({stop.sigval.name})", False, tail.lines())
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
         how = f"rank {rank} {how_it_ended(failure.exitcode)}"
-        return Ended(how, False, tail.lines())
+        killed = failure.exitcode == -signal.SIGKILL
+        return Ended(how, False, tail.lines(), rank=rank, outside=killed)
     finally:
         sys.stdout, sys.stderr = saved[0], saved[1]
         os.environ.clear()
@@ -192,6 +201,23 @@ class _Tail(io.TextIOBase):
     def lines(self) -> list[str]:
         with self.lock:
             return [*self.kept, self.pending] if self.pending else list(self.kept)
+
+
+# The prefix the launch puts before each rank's lines: "[rank R] ", "[node N rank R] ".
+_RANK_PREFIX = re.compile(r"^\[(?:node \d+ )?rank (\d+)\] ")
+
+
+def rank_lines(tail: list[str], rank: int | None) -> list[str]:
+    """The lines of ``tail`` one rank wrote, without their prefix (all of them for a
+    process that is no rank's)."""
+    if rank is None:
+        return tail
+    mine = []
+    for line in tail:
+        prefix = _RANK_PREFIX.match(line)
+        if prefix is not None and int(prefix.group(1)) == rank:
+            mine.append(line[prefix.end() :])
+    return mine
 
 
 def _raw(fd: int) -> BinaryIO:
