@@ -93,12 +93,12 @@ class CacheBudget:
                 f"TRAINYARD_MIN_FREE_DISK_GB={self.min_free_bytes / GIB:g} even with every "
                 "cache entry no running job uses evicted: taking no job until there is room"
             )
-        if reason != self.refusing:
+        if (reason is None) != (self.refusing is None):  # said once, not at every GiB
             if reason is not None:
                 log.warning("taking no job: %s", reason)
             else:
                 log.info("the disk has room again (%.1f GiB free): taking jobs", free / GIB)
-            self.refusing = reason
+        self.refusing = reason
         return reason
 
     def record(self) -> dict[str, Any]:
@@ -129,7 +129,8 @@ class CacheBudget:
                     index[entry] = measured
             total = sum(int(e["bytes"]) for e in index.values())
             for entry in sorted(index, key=lambda e: index[e]["used"]):
-                if total <= self.budget_bytes and self._disk()[0] >= self.min_free_bytes:
+                room = _free_bytes(self.root) >= self.min_free_bytes  # what evicting frees
+                if total <= self.budget_bytes and room:
                     break
                 if time.monotonic() - started > SWEEP_SLICE_S:
                     self._dirty = True  # the rest before the next claim
@@ -141,12 +142,18 @@ class CacheBudget:
     def used(self, entries: list[str], *, measure: bool) -> None:
         """Entries an attempt uses now; ``measure``: they are whole, measure the new ones."""
         now = time.time()
+        sizes: dict[str, int] = {}
+        if measure:
+            with self._lock, self._index() as index:
+                new = [e for e in entries if e not in index and os.path.lexists(self.root / e)]
+            # outside the locks: a package's walk must not hold up the loop's sweep
+            sizes = {entry: _measure(self.root / entry) for entry in new}
         with self._lock, self._index() as index:
             for entry in entries:
                 if entry in index:
                     index[entry]["used"] = now
-                elif measure and os.path.lexists(self.root / entry):
-                    index[entry] = {"bytes": _measure(self.root / entry), "used": now}
+                elif entry in sizes:
+                    index[entry] = {"bytes": sizes[entry], "used": now}
         self._dirty = self._dirty or measure
 
     # --- holds, on files of their own -------------------------------------------------
@@ -249,14 +256,7 @@ class CacheBudget:
 
     def _disk(self) -> tuple[int, Path]:
         """The free bytes of the fuller of the cache's and the data directory's disks."""
-        found = []
-        for folder in (self.root, self.data_dir):
-            try:
-                st = os.statvfs(folder)
-            except FileNotFoundError:
-                continue
-            found.append((st.f_bavail * st.f_frsize, folder))
-        return min(found, default=(0, self.root))
+        return min((_free_bytes(folder), folder) for folder in (self.root, self.data_dir))
 
 
 class Holds:
@@ -313,10 +313,13 @@ class Holds:
             for fd in fds.values():
                 os.close(fd)
 
-    @property
-    def entries(self) -> list[str]:
-        with self._lock:
-            return sorted(self._fds)
+
+def _free_bytes(folder: Path) -> int:
+    """Bytes free to this account on ``folder``'s disk (of the folder above, if not made)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
 
 
 def _measure(path: Path) -> int:

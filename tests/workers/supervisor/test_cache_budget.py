@@ -134,6 +134,23 @@ def test_a_virtualenv_being_built_is_not_evicted(tmp_path: Path) -> None:
     assert present(cache) == set()
 
 
+def test_a_script_job_s_virtualenv_is_held_by_the_key_its_runner_uses(tmp_path: Path) -> None:
+    cache = settings_for(tmp_path).cache_path
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "requirements.txt").write_text("# pinned\nsix==1.16.0  # the one\n")
+    key = venvs.venv_key(venvs.requirement_lines(None, package), package)
+    make_entry(cache, f"venvs/{key}", age_s=100)  # as the job's pip built it
+    make_entry(cache, "venvs/another", age_s=50)
+    holds = budget(tmp_path).holds()
+    holds.hold_venv(None, package)  # no lines of its own: the package's requirements.txt
+    budget(tmp_path, budget_mib=0).sweep()
+    assert present(cache) == {f"venvs/{key}"}
+    holds.release()
+    budget(tmp_path, budget_mib=0).sweep()
+    assert present(cache) == set()
+
+
 def test_eviction_removes_links_and_read_only_folders_but_never_follows_a_link(
     tmp_path: Path,
 ) -> None:
