@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Strict, StrictBool, StringConstraints
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictBool, StringConstraints
+from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, DateTime, Index, Row, String, TypeDecorator, column, desc, text
 from sqlmodel import Field, SQLModel
 
@@ -62,10 +63,26 @@ Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]  # no NUL in 
 DataName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")]
 Argument = Annotated[NulFreeStr, StringConstraints(max_length=10_000)]
 Requirement = Annotated[NulFreeStr, StringConstraints(min_length=1, max_length=1000)]
-# Numbers that come in: JSON's true and false are not numbers, though pydantic's lax mode
-# reads them as 1 and 0 (a spec with "devices": true asked for one device).
-Int = Annotated[int, Strict()]
-Number = Annotated[float, Strict()]  # a whole number is one too
+
+
+def _json_number(error_type: str, words: str) -> BeforeValidator:
+    """Lets only a JSON number through (``words``: "an integer", "a number"), as JSON
+    Schema has it: true and false are none, though pydantic's lax mode reads them as 1
+    and 0 (a spec with "devices": true asked for one device), and neither is a string of
+    digits. A whole float (2.0) is an integer, as the schema says."""
+
+    def number(value: Any) -> Any:
+        if isinstance(value, bool | str | bytes):
+            given = "a boolean" if isinstance(value, bool) else "a string"
+            raise PydanticCustomError(error_type, f"Input should be {words}, not {given}")
+        return value
+
+    return BeforeValidator(number)
+
+
+# Every integer and number that comes in, in a body: what the schema says, and no other.
+Int = Annotated[int, _json_number("int_type", "an integer")]
+Number = Annotated[float, _json_number("float_type", "a number")]
 
 
 def utcnow() -> datetime:

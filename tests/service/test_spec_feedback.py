@@ -93,6 +93,12 @@ def test_a_boolean_is_not_a_number_in_a_token_or_a_quota(client: TestClient) -> 
     assert quota.status_code == 422, quota.text
     ok = client.post("/api/v1/users/admin/tokens", json={"expires_in_days": 2})
     assert ok.status_code == 201, ok.text
+    # JSON Schema's integer: 2.0 is one; "2" and 2.5 are not
+    whole = client.patch("/api/v1/users/ann/quotas", json={"max_queued_jobs": 2.0})
+    assert whole.status_code == 200 and whole.json()["max_queued_jobs"] == 2, whole.text
+    for bad in ("2", 2.5):
+        r = client.patch("/api/v1/users/ann/quotas", json={"max_queued_jobs": bad})
+        assert r.status_code == 422, r.text
 
 
 def test_a_json_body_past_the_limit_is_413_whether_its_length_is_said_or_not(
