@@ -241,6 +241,28 @@ def test_sigterm_means_checkpoint_and_stop_and_spends_no_attempt(
     assert any("Resuming training from snapshot" in t for t in lines), lines
 
 
+@one_database("sqlite")
+def test_a_script_that_cannot_run_fails_once_with_its_cause_in_the_reason(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A SyntaxError fails the same way every attempt: one attempt, not max_attempts, and
+    the reason (what follow, status and the dashboard show) ends with Python's words."""
+    stack.start_worker()
+    package = tmp_path / "broken"
+    package.mkdir()
+    (package / "train.py").write_text("import sys\n\ndef main()\n    pass\n")
+    code = put_package(stack.http, package, tmp_path)
+    job = stack.submit(
+        code=code, entrypoint=["python", "train.py"], accelerator="cpu", max_attempts=3
+    )
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert (done["status"], done["attempt"], done["reason"]["code"]) == ("failed", 1, "error")
+    first, *rest = done["reason"]["message"].splitlines()
+    assert first == "the script exited with 1 (the job's own error; retries_on_error is 0)"
+    assert rest[-1] == "SyntaxError: expected ':'", rest
+    assert done["error"]["own_failures"] == 1
+
+
 @one_database("postgresql")  # several boxes share PostgreSQL
 def test_a_worker_on_another_box_fetches_blobs_by_digest(stack: Stack, tmp_path: Path) -> None:
     """No shared filesystem: a worker whose disk lacks the API's blob store fetches each
