@@ -3,9 +3,11 @@ real server and worker. A screenshot of each page is kept as a test artifact."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urljoin
@@ -137,7 +139,7 @@ def test_submit_from_the_form_then_watch_the_job_succeed(
     job_id = int(browser.current_url.rsplit("/", 1)[1])
     # Live: points drawn while the job still runs, from the stream (the page never polls).
     WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
-        lambda d: text_of(d, "#job-status") == "running" and count(d, "#loss-chart", "data-points")
+        lambda d: text_of(d, "#job-status") == "running" and count(d, "#charts", "data-points")
     )
     WebDriverWait(browser, 60).until(
         ec.text_to_be_present_in_element((By.ID, "job-status"), "succeeded")
@@ -153,9 +155,12 @@ def test_submit_from_the_form_then_watch_the_job_succeed(
     train = sum(m["name"] == "train/loss" for m in metrics)
     val = sum(m["name"] == "val/loss" for m in metrics)
     assert train > 0 and val == 3
-    wait.until(lambda d: count(d, "#loss-chart", "data-points") == train + val)
-    assert count(browser, "#loss-chart", "data-val-points") == val
-    assert browser.find_elements(By.CSS_SELECTOR, "#loss-chart canvas")
+    wait.until(lambda d: count(d, "#charts", "data-points") == len(metrics))
+    loss = browser.find_element(By.CSS_SELECTOR, '#charts figure[data-group="loss"]')
+    losses = Counter(m["name"] for m in metrics if m["name"].endswith("loss"))
+    assert losses.keys() >= {"train/loss", "val/loss"}  # every loss on one chart
+    assert json.loads(loss.get_attribute("data-counts") or "{}") == losses
+    assert loss.find_elements(By.CSS_SELECTOR, "canvas")
     logs = stack.http.get(f"/jobs/{job_id}/logs", params={"limit": 10_000}).json()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#log .line")) == min(500, len(logs)))
     assert text_of(browser, "#log .line:last-child").endswith(logs[-1]["text"])
@@ -221,7 +226,7 @@ def test_submit_a_script_job_from_an_uploaded_package(
     assert "python dataparallel/train.py --epochs 2" in spec and code in spec
     assert "epochs\n" not in spec  # a recipe setting: not the script's
     train = sum(m["name"] == "train/loss" for m in stack.http.get(f"/jobs/{job_id}/metrics").json())
-    wait.until(lambda d: count(d, "#loss-chart", "data-points") >= train > 0)
+    wait.until(lambda d: count(d, "#charts", "data-points") >= train > 0)
     keep_screenshot(browser, tmp_path, "dashboard-script-job")
 
 
@@ -253,7 +258,7 @@ def test_asks_for_the_token_keeps_it_and_cancels_a_queued_job(
     stored = browser.execute_script("return localStorage.getItem('trainyard.apiToken')")
     assert stored == TOKEN
 
-    browser.find_element(By.ID, "cancel-job").click()
+    wait.until(ec.element_to_be_clickable((By.ID, "cancel-job"))).click()  # the admin's
     wait.until(ec.alert_is_present()).accept()
     wait.until(ec.text_to_be_present_in_element((By.ID, "job-status"), "cancelled"))
     assert stack.job(job["id"])["status"] == "cancelled"

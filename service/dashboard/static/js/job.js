@@ -1,10 +1,11 @@
-// One job: its owner, status, progress with ETA, live loss chart, log tail, spec,
-// result, error and the reproducibility record, all kept current by the job's event
-// stream. Cancel and rerun are the owner's or an admin's: the server's refusal (403,
-// naming the owner) is shown as it comes.
+// One job: its owner, status, progress with ETA, live charts of every metric, log tail,
+// artifacts, spec, result, error and the reproducibility record, all kept current by the
+// job's event stream. Cancel and rerun are offered to the job's owner and to admins only,
+// as the server allows; should it refuse anyway (403, naming the owner), that is shown.
 
-import { api } from "./api.js";
-import { LossChart } from "./chart.js";
+import { api, TOKEN_SAVED } from "./api.js";
+import { ArtifactList } from "./artifacts.js";
+import { MetricCharts } from "./chart.js";
 import {
   duration,
   fill,
@@ -17,6 +18,7 @@ import {
   when,
 } from "./dom.js";
 import { LogTail } from "./logtail.js";
+import { mayAct, whoAmI } from "./session.js";
 import { followEvents } from "./sse.js";
 
 const SPEC_FIELDS = (
@@ -33,14 +35,18 @@ export function jobView(root, id) {
   const signal = stop.signal;
   const ui = skeleton(id);
   fill(root, ui.page);
-  const chart = new LossChart(ui.chart);
+  const charts = new MetricCharts(ui.charts);
   const log = new LogTail(ui.log, ui.logCount);
+  const artifacts = new ArtifactList(ui.artifacts, ui.artifactsNotice, id, signal);
   let job = null;
+  let me = null; // who the page acts as, once known: decides the buttons
   let gangTimer = null;
 
   const show = (next) => {
+    if (next.status !== job?.status) artifacts.refresh();
     job = next;
     renderJob(ui, job);
+    renderButtons(ui, job, me);
     clearTimeout(gangTimer);
     if (job.nodes > 1 && job.status === "queued") gangTimer = setTimeout(reread, GANG_POLL_MS);
   };
@@ -100,8 +106,10 @@ export function jobView(root, id) {
   const onEvent = (type, data) => {
     counts[`${type}Events`] = Number(counts[`${type}Events`] ?? 0) + 1;
     if (type === "status") onStatus(data);
-    else if (type === "progress") renderProgress(ui, data, job?.status);
-    else if (type === "metric") chart.add(data);
+    else if (type === "progress") {
+      renderProgress(ui, data, job?.status);
+      artifacts.refresh({ running: true }); // checkpoints appear as it trains
+    } else if (type === "metric") charts.add(data);
     else if (type === "log") log.add(data);
   };
   const onState = (state) => {
@@ -109,6 +117,21 @@ export function jobView(root, id) {
     if (state === "live") counts.connects = Number(counts.connects ?? 0) + 1;
     ui.stream.textContent = { live: "live", reconnecting: "reconnecting…", ended: "" }[state];
   };
+
+  // Signed in anew after a refused request: the buttons follow the new user.
+  const learnWho = () =>
+    whoAmI().then(
+      (who) => {
+        me = who;
+        if (job) renderButtons(ui, job, me);
+      },
+      () => {
+        me = null;
+        if (job) renderButtons(ui, job, me);
+      },
+    );
+  window.addEventListener(TOKEN_SAVED, learnWho);
+  learnWho();
 
   // The GET draws the page at once and answers "no such job" plainly; the stream then
   // replays everything from the job's start and follows it live.
@@ -125,7 +148,8 @@ export function jobView(root, id) {
   return () => {
     stop.abort();
     clearTimeout(gangTimer);
-    chart.destroy();
+    window.removeEventListener(TOKEN_SAVED, learnWho);
+    charts.destroy();
     log.destroy();
   };
 }
@@ -137,12 +161,14 @@ function skeleton(id) {
     owner: h("span", { class: "muted", id: "job-owner" }),
     stream: h("span", { class: "stream-state muted", id: "stream-state" }),
     rerun: h("button", { id: "rerun-job", hidden: true }, "Rerun"),
-    cancel: h("button", { id: "cancel-job", class: "danger", disabled: true }, "Cancel"),
+    cancel: h("button", { id: "cancel-job", class: "danger", hidden: true }, "Cancel"),
     notice: h("p", { class: "error", role: "alert", id: "job-notice" }),
-    reason: h("p", { class: "reason", id: "job-reason" }),
+    reason: h("div", { class: "reason", id: "job-reason" }),
     bar: h("div", { class: "progress-wide" }),
     progressText: h("p", { class: "muted", id: "progress-text" }),
-    chart: h("div", { class: "chart", id: "loss-chart", "data-empty": "No loss points yet." }),
+    charts: h("div", { class: "charts", id: "charts", "data-empty": "No metric points yet." }),
+    artifacts: h("div", { id: "artifacts" }, h("p", { class: "muted" }, "Loading…")),
+    artifactsNotice: h("p", { class: "error", role: "alert", id: "artifacts-notice" }),
     log: h("div", { class: "log", id: "log", "data-empty": "No log lines yet." }),
     logCount: h("span", { class: "muted" }),
     spec: h("dl", { class: "pairs", id: "job-spec" }),
@@ -169,9 +195,10 @@ function skeleton(id) {
     ui.bar,
     ui.progressText,
     ui.error,
-    h("section", { class: "card" }, h("h3", {}, "Loss"), ui.chart),
+    h("section", { class: "card" }, h("h3", {}, "Metrics"), ui.charts),
     h("section", { class: "card" }, h("h3", {}, "Log ", ui.logCount), ui.log),
     ui.result,
+    h("section", { class: "card" }, h("h3", {}, "Artifacts"), ui.artifactsNotice, ui.artifacts),
     h(
       "div",
       { class: "columns" },
@@ -188,10 +215,7 @@ function renderJob(ui, job) {
   fill(ui.status, statusBadge(job.status));
   fill(ui.owner, `by ${job.owner}`);
   ui.owner.dataset.owner = job.owner;
-  ui.cancel.hidden = TERMINAL.has(job.status);
-  ui.rerun.hidden = !TERMINAL.has(job.status);
-  ui.cancel.disabled = job.status === "cancelling";
-  fill(ui.reason, job.reason ? `${job.reason.message} (${job.reason.code})` : "");
+  renderReason(ui.reason, job.reason);
   renderProgress(ui, job.progress, job.status);
   fill(ui.spec, pairs(specOf(job)));
   fill(
@@ -212,6 +236,30 @@ function renderJob(ui, job) {
       traceback ? h("pre", {}, [].concat(traceback).join("\n")) : null,
     );
   }
+}
+
+/** Cancel while it may still run, rerun once it ended: for its owner or an admin only
+ * (``me`` null: not known yet, or not signed in). */
+function renderButtons(ui, job, me) {
+  const may = me !== null && mayAct(me, job.owner);
+  ui.page.dataset.mayAct = me === null ? "" : String(may);
+  ui.cancel.hidden = !may || TERMINAL.has(job.status);
+  ui.rerun.hidden = !may || !TERMINAL.has(job.status);
+  ui.cancel.disabled = job.status === "cancelling";
+}
+
+/** One line as it is; a longer text (a pip log, the end of stderr) whole, scrollable. */
+function renderReason(el, reason) {
+  const text = reason?.message.trimEnd() ?? "";
+  if (!text.includes("\n")) {
+    fill(el, reason ? `${text} (${reason.code})` : "");
+    return;
+  }
+  fill(
+    el,
+    h("span", { class: "reason-code" }, reason.code),
+    h("pre", { class: "reason-text", tabindex: 0 }, text), // tabindex: scrolls by keyboard
+  );
 }
 
 function renderProgress(ui, progress, status) {

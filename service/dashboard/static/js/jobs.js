@@ -110,8 +110,20 @@ function row(job) {
       progressBar(p, job.status),
       p ? h("small", {}, `epoch ${p.epoch}/${p.epochs} · loss ${num(p.loss, 3)}`) : null,
     ),
-    h("td", { class: "reason", title: job.reason?.code ?? "" }, job.reason?.message ?? ""),
+    reasonCell(job.reason),
     h("td", {}, when(job.created_at)),
+  );
+}
+
+/** The reason's first line, cut to the column with an ellipsis; the whole text (a pip
+ * log, the end of stderr) in the tooltip and on the job's page. */
+function reasonCell(reason) {
+  if (!reason) return h("td", { class: "reason" });
+  const lines = reason.message.trim().split("\n");
+  return h(
+    "td",
+    { class: "reason", title: `${reason.code}: ${reason.message.trimEnd()}` },
+    h("span", { class: "first-line" }, lines[0], lines.length > 1 ? " …" : ""),
   );
 }
 

@@ -22,6 +22,14 @@ export function whoAmI() {
 }
 
 /**
+ * Whether ``me`` may cancel or rerun a job of ``owner``: the server's own rule
+ * (service/users.py check_may_act), so the page offers these to exactly whom it allows.
+ */
+export function mayAct(me, owner) {
+  return me.admin || me.name === owner;
+}
+
+/**
  * Fill the header's #who and wire its #switch-user button; ``onSwitch`` runs after the
  * user signed in as someone else (or signed out), so the view can redraw for them.
  */
