@@ -29,7 +29,7 @@ class ReasonCode(StrEnum):
     worker_lost = "worker_lost"  # its worker stopped renewing the lease; retried
     worker_restarted = "worker_restarted"  # its worker restarted mid-attempt; retried
     # ended by the training code
-    error = "error"  # an exception in training, a script's exit; retries_on_error says more
+    error = "error"  # an exception in training, a script's exit; retried per retries_on_error
     cuda_oom = "cuda_oom"  # CUDA out of memory; the same spec would run out again
     out_of_memory = "out_of_memory"  # past its share of the box's memory; not retried
     bad_spec = "bad_spec"  # the spec cannot run on this worker (dp on CPU, say)
