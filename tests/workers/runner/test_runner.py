@@ -129,3 +129,23 @@ def test_a_runner_without_the_recipe_reports_why_and_no_retry(tmp_path: Path) ->
     assert code == 1 and report is not None and report.error is not None
     assert (report.error["code"], report.error["retryable"]) == ("unknown_recipe", False)
     assert "no recipe 'not-installed'" in report.error["message"]
+
+
+def test_the_attempts_error_is_the_rank_whose_code_raised_not_a_survivor(tmp_path: Path) -> None:
+    """Rank 1's recipe raised; rank 0's collective broke when rank 1 went away and rank 0
+    reported first: the attempt's failure is rank 1's own. With only the broken
+    collective reported (rank 1 was killed from outside), it is not the job's own."""
+    from workers.ranks.strategies import RanksFailed
+    from workers.runner.main import _error
+
+    files = JobFiles.of(tmp_path, 5)
+    broken = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    ended = RanksFailed("rank 0 exited with 1; rank 1 exited with 1")
+    files.rank_error(1, 0).parent.mkdir(parents=True)
+    files.rank_error(1, 0).write_text(json.dumps(describe(broken, 0)))
+    files.rank_error(1, 1).write_text(json.dumps(describe(ValueError("bad column"), 1)))
+    error = _error(ended, files, 1)
+    assert (error["rank"], error["message"], error["own"]) == (1, "bad column", True)
+    files.rank_error(1, 1).unlink()
+    error = _error(RanksFailed("rank 1 killed by SIGKILL"), files, 1)
+    assert (error["rank"], error["own"]) == (0, False)
