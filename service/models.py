@@ -81,8 +81,12 @@ def _json_number(error_type: str, words: str) -> BeforeValidator:
 
 
 # Every integer and number that comes in, in a body: what the schema says, and no other.
+# (An optional one's validator holds the whole union: ``Int | None`` would publish its
+# Field's bounds as "ge" and "le", which JSON Schema does not know, not as its limits.)
 Int = Annotated[int, _json_number("int_type", "an integer")]
+IntOrNone = Annotated[int | None, _json_number("int_type", "an integer")]
 Number = Annotated[float, _json_number("float_type", "a number")]
+NumberOrNone = Annotated[float | None, _json_number("float_type", "a number")]
 
 
 def utcnow() -> datetime:
@@ -227,7 +231,7 @@ class JobBase(SQLModel):
         sa_type=EnumAsString(Accelerator),
         description="auto: cuda when the worker has GPUs.",
     )
-    gpu_memory_gb: Number | None = Field(
+    gpu_memory_gb: NumberOrNone = Field(
         None,
         gt=0,
         le=4096,
@@ -266,7 +270,7 @@ class JobBase(SQLModel):
         "exception in a recipe) is retried, within max_attempts. 0: it fails at once, since "
         "the same code on the same data fails again.",
     )
-    timeout_s: Int | None = Field(
+    timeout_s: IntOrNone = Field(
         None, ge=1, le=365 * 24 * 3600, description="Wall-clock limit per attempt."
     )
     checkpoint_every: Int = Field(1, ge=1, le=100_000, description="Checkpoint every N epochs.")

@@ -30,7 +30,7 @@ from service import audit
 from service.audit import Action
 from service.db import read_session, write_session
 from service.errors import NotAllowed, QueueQuotaReached, TokenNotFound, UserExists, UserNotFound
-from service.models import BOOTSTRAP_USER, ApiToken, Int, JobCreate, User, utcnow
+from service.models import BOOTSTRAP_USER, ApiToken, IntOrNone, JobCreate, User, utcnow
 from service.settings import Settings
 
 TOKEN_PREFIX = "ty_"
@@ -63,8 +63,8 @@ class UserQuotas(SQLModel):
     """An admin's change to a user's own limits: the fields given change; one given as
     null goes back to the settings' default."""
 
-    max_running_devices: Int | None = Field(None, ge=1, le=1_000_000)
-    max_queued_jobs: Int | None = Field(None, ge=1, le=100_000_000)
+    max_running_devices: IntOrNone = Field(None, ge=1, le=1_000_000)
+    max_queued_jobs: IntOrNone = Field(None, ge=1, le=100_000_000)
 
 
 class UserRead(SQLModel):
@@ -81,7 +81,7 @@ class Me(SQLModel):
 
 
 class TokenCreate(SQLModel):
-    expires_in_days: Int | None = Field(
+    expires_in_days: IntOrNone = Field(
         None, ge=1, le=3650, description="Refused after this many days; null: never."
     )
 

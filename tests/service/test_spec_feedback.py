@@ -115,3 +115,17 @@ def test_a_json_body_past_the_limit_is_413_whether_its_length_is_said_or_not(
         assert r.status_code == 413, r.text
         assert "TRAINYARD_MAX_BODY_BYTES" in r.json()["detail"]
     assert client.get("/api/v1/jobs").json()["total"] == 0
+
+
+def test_the_published_schema_keeps_the_bounds_of_optional_numbers(client: TestClient) -> None:
+    """The document says what the server checks: an optional integer's bounds are
+    JSON Schema's minimum and maximum, which clients and fuzzers read."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for model, field, bounds in [
+        ("TokenCreate", "expires_in_days", {"minimum": 1, "maximum": 3650}),
+        ("UserQuotas", "max_queued_jobs", {"minimum": 1, "maximum": 100_000_000}),
+        ("JobCreate", "timeout_s", {"minimum": 1, "maximum": 365 * 24 * 3600}),
+        ("JobCreate", "gpu_memory_gb", {"exclusiveMinimum": 0, "maximum": 4096}),
+    ]:
+        number = schemas[model]["properties"][field]["anyOf"][0]
+        assert bounds.items() <= number.items(), (model, field, number)
