@@ -38,6 +38,16 @@ function coloursOf(names) {
   return new Map(names.map((n) => [n, COLOURS[n] ?? free[next++ % free.length]]));
 }
 
+/** The y axis as wide as its longest tick label (uPlot sizes axes in a few passes). */
+function yAxisWidth(u, values, axisIdx, cycleNum) {
+  const axis = u.axes[axisIdx];
+  if (cycleNum > 1) return axis._size; // settle: the ticks' width no longer changes
+  const longest = (values ?? []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+  u.ctx.font = axis.font[0];
+  const text = longest ? u.ctx.measureText(longest).width / devicePixelRatio : 0;
+  return Math.ceil(axis.ticks.size + axis.gap + text);
+}
+
 export class MetricCharts {
   /** el must already be in the document: each chart sizes itself from it. */
   constructor(el) {
@@ -175,7 +185,8 @@ class GroupChart {
       height: this.height(),
       scales: { x: { time: false } },
       series: [{ label: "step" }, ...series],
-      axes: [{ label: "step" }, { label: this.group }],
+      // the caption names the y axis; its width follows its longest tick ("56,000")
+      axes: [{ label: "step" }, { size: yAxisWidth }],
     };
   }
 
