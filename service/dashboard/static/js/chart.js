@@ -10,18 +10,20 @@ import { h } from "./dom.js";
 
 const LOSS = "loss";
 const HEIGHT_PX = { [LOSS]: 280, other: 200 };
-// The usual pair keeps its usual colours; other series take the palette's in turn.
+// The usual pair keeps its usual colours; other series take the palette's free ones.
 const COLOURS = { "train/loss": "#2563eb", "val/loss": "#dc2626" };
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563"];
-// Fewer points than one per this many CSS pixels: draw each (one point an epoch, say).
+// A series with fewer points than one per this many CSS pixels shows each as a dot
+// (one point an epoch, say).
 const SPARSE_PX = 12;
 
 const fmt = (_u, v) => (v === null || v === undefined ? "–" : v.toPrecision(4));
 
-/** The chart a metric is drawn on: "loss" for any loss, else its name's last part. */
+/** The chart a metric is drawn on: "loss" for any loss ("loss", "train/epoch_loss"; not
+ * "amp/loss_scale", which is no loss), else its name's last part. */
 export function groupOf(name) {
   const last = name.slice(name.lastIndexOf("/") + 1);
-  if (/loss/i.test(last)) return LOSS;
+  if (/(^|[_.-])loss$/i.test(last)) return LOSS;
   return last || name;
 }
 
@@ -42,7 +44,8 @@ function coloursOf(names) {
 function yAxisWidth(u, values, axisIdx, cycleNum) {
   const axis = u.axes[axisIdx];
   if (cycleNum > 1) return axis._size; // settle: the ticks' width no longer changes
-  const longest = (values ?? []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+  const labels = (values ?? []).map(String);
+  const longest = labels.reduce((a, v) => (v.length > a.length ? v : a), "");
   u.ctx.font = axis.font[0];
   const text = longest ? u.ctx.measureText(longest).width / devicePixelRatio : 0;
   return Math.ceil(axis.ticks.size + axis.gap + text);
