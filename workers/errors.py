@@ -26,13 +26,15 @@ _PEER_GONE = re.compile(
     r"Connection (?:reset|closed) by peer|NCCL communicator was aborted|DistNetworkError"
 )
 
-# What to change when a job runs out, said in its reason.
-OOM_ADVICE = {
-    ReasonCode.cuda_oom: "lower batch_size or the model's size (its params), or give it more "
-    "GPU memory (a larger gpu_memory_gb, or more devices with ddp)",
-    ReasonCode.out_of_memory: "lower batch_size or the model's size (its params); its "
-    "processes had their devices' share of the box's memory",
-}
+# What to change when a job runs out of GPU memory, or of its share of the box's.
+GPU_ADVICE = (
+    "lower batch_size or the model's size (its params), or give it more GPU memory (a "
+    "larger gpu_memory_gb, or more devices with ddp)"
+)
+HOST_ADVICE = (
+    "lower batch_size or the model's size (its params); its processes had their devices' "
+    "share of the box's memory"
+)
 
 
 def ran_out(exc: BaseException) -> bool:
@@ -53,13 +55,12 @@ def ran_out_in(stderr_tail: list[str]) -> bool:
     return any(_REFUSED.search(line) for line in last)
 
 
-def out_of_memory_in(stderr_tail: list[str]) -> ReasonCode | None:
-    """Which memory a program's last words on stderr say it ran out of, if any."""
-    if not ran_out_in(stderr_tail):
-        return None
-    last = " ".join([line for line in stderr_tail if line.strip()][-3:])
-    cuda = "CUDA out of memory" in last or "OutOfMemoryError" in last
-    return ReasonCode.cuda_oom if cuda else ReasonCode.out_of_memory
+def oom_advice(code: ReasonCode, said: str) -> str | None:
+    """Which settings to lower, for a failure that ran out of memory (``said``: its words,
+    which tell a GPU's from the box's where a script's code does not); else None."""
+    if code == ReasonCode.cuda_oom or (code == ReasonCode.out_of_memory and "CUDA" in said):
+        return GPU_ADVICE
+    return HOST_ADVICE if code == ReasonCode.out_of_memory else None
 
 
 def peer_gone(exc: BaseException) -> bool:
@@ -106,9 +107,8 @@ def describe(exc: BaseException, rank: int | None = None) -> dict[str, Any]:
         code, retryable = exc.code, False
     elif _cuda_oom(exc):
         code, retryable = ReasonCode.cuda_oom, False
-    elif ran_out(exc):  # past the job's memory limit (workers.runner.limits), or the GPU's
-        cuda = "CUDA out of memory" in str(exc)  # torch before OutOfMemoryError
-        code, retryable = (ReasonCode.cuda_oom if cuda else ReasonCode.out_of_memory), False
+    elif ran_out(exc):  # past the job's memory limit (workers.runner.limits)
+        code, retryable = ReasonCode.out_of_memory, False
     tb = "".join(traceback.format_exception(exc)).splitlines()
     return {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",

@@ -18,7 +18,7 @@ from service.points import finite_json, finite_values, storable_text
 from service.reasons import ReasonCode
 from service.store import Outcome
 from service.store.transitions import REASON_MAX_CHARS
-from workers.errors import OOM_ADVICE
+from workers.errors import oom_advice
 from workers.jobfiles import write_atomic
 
 # A failed script's reason ends with this many of its last lines on stderr.
@@ -151,8 +151,9 @@ def decide(
         said = f"{error.get('type')}: {said}"
     said = f"{said}{ranks}"
     code = _reason(error.get("code"))
-    if code in OOM_ADVICE:  # which setting to lower, where the job's reason is read
-        said = f"{said}: {OOM_ADVICE[code]}"
+    advice = oom_advice(code, f"{said} {error.get('stderr')}")
+    if advice is not None:  # which setting to lower, where the job's reason is read
+        said = f"{said}: {advice}"
     return Outcome(
         JobStatus.failed,
         code,

@@ -117,7 +117,7 @@ def test_whose_failure_it_is_the_jobs_own_or_the_boxs() -> None:
 def test_out_of_memory_says_which_setting_to_lower() -> None:
     for exc, code, words in (
         (MemoryError(), ReasonCode.out_of_memory, "lower batch_size or the model's size"),
-        (RuntimeError("CUDA out of memory. Tried"), ReasonCode.cuda_oom, "gpu_memory_gb"),
+        (RuntimeError("CUDA out of memory. Tried"), ReasonCode.out_of_memory, "gpu_memory_gb"),
     ):
         outcome = decide(None, RunnerReport(ok=False, error=describe(exc)), 1, **LIMITS)  # type: ignore[arg-type]
         assert outcome.reason_code == code and words in outcome.reason_message

@@ -31,7 +31,7 @@ from service.jobspec import resolve_strategy
 from service.models import Job
 from service.reasons import ReasonCode
 from workers.env_allowlist import inherited
-from workers.errors import TRACEBACK_LINES, out_of_memory_in, peer_gone_in
+from workers.errors import TRACEBACK_LINES, peer_gone_in, ran_out_in
 from workers.handoff import JobSettings
 from workers.jobfiles import JobFiles, shared_checkpoints
 from workers.outcome import STDERR_REASON_LINES, RunnerReport
@@ -159,9 +159,9 @@ def run(script: Script, points: PointsFile) -> RunnerReport:
     if ended.ok:
         return RunnerReport(ok=True, result=metrics.final(), leader=ended.leader)
     tail = rank_lines(ended.tail, ended.rank)  # the failing rank's own last words
-    ran_out = out_of_memory_in(tail)
-    if ran_out is not None:  # under its memory limit: the same spec would run out again
-        return _failed(f"the script ran out of memory ({ended.how})", tail, code=ran_out)
+    if ran_out_in(tail):  # under its memory limit: the same spec would run out again
+        message = f"the script ran out of memory ({ended.how})"
+        return _failed(message, tail, code=ReasonCode.out_of_memory)
     # A rank whose collective broke when another went away says so last: the other's
     # failure, or the box's, is not the script's own.
     own = not ended.outside and not peer_gone_in(tail)

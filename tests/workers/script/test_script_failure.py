@@ -94,15 +94,23 @@ def test_ddp_the_reason_carries_the_failing_ranks_lines_only(tmp_path: Path) -> 
     assert not any("chatter" in line or line.startswith("[rank") for line in rest), rest
 
 
-def test_running_out_of_memory_says_which_setting_to_lower(tmp_path: Path) -> None:
-    source = """
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 GB")
-    """
-    report, outcome = ended(tmp_path, source)
+@pytest.mark.parametrize(
+    ("raised", "more"),
+    [
+        # past its share of the box's memory (workers.runner.limits): smaller, or more devices
+        ('RuntimeError("DefaultCPUAllocator: can\'t allocate memory: 1 GB")', "the box's memory"),
+        # past its GPU (or its share of one): smaller, or more GPU memory
+        ('MemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")', "gpu_memory_gb"),
+    ],
+)
+def test_running_out_of_memory_says_which_setting_to_lower(
+    tmp_path: Path, raised: str, more: str
+) -> None:
+    _, outcome = ended(tmp_path, f"raise {raised}\n")
     assert (outcome.reason_code, outcome.retryable) == (ReasonCode.out_of_memory, False)
     first = outcome.reason_message.splitlines()[0]
     assert first.startswith("the script ran out of memory (exited with 1): lower batch_size")
-    assert "params" in first
+    assert "params" in first and more in first, first
 
 
 def test_a_script_killed_from_outside_is_not_the_jobs_own_failure(tmp_path: Path) -> None:
