@@ -38,11 +38,12 @@ def get_artifact(
     job_id: int,
     name: Annotated[str, typer.Argument(help="As `trainyard artifacts ls` lists it.")],
     output: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--output",
             "-o",
-            help="File or folder to write to; - for stdout. Default: the file's own name, here.",
+            help="File or folder to write to (a name ending in / is a folder, made if "
+            "missing); - for stdout. Default: the file's own name, here.",
             show_default=False,
         ),
     ] = None,
@@ -50,8 +51,10 @@ def get_artifact(
     token: TokenOpt = None,
 ) -> None:
     """Download one of a job's files, streamed to disk."""
-    to_stdout = output is not None and str(output) == "-"
-    dest = output or Path(PurePosixPath(name).name)
+    to_stdout = output == "-"
+    dest = Path(output or ".")
+    if output is not None and output.endswith("/"):
+        dest.mkdir(parents=True, exist_ok=True)
     if dest.is_dir():
         dest = dest / PurePosixPath(name).name
     if not to_stdout and not dest.parent.is_dir():

@@ -100,14 +100,15 @@ def test_a_job_from_options_to_its_artifacts_and_a_rerun(stack: Stack, tmp_path:
     assert got.returncode == 0, got.stderr
     assert (here / "model.safetensors").read_bytes() == model
     assert got.stdout.strip() == f"model.safetensors ({len(model)} bytes)"
-    cli(stack, "artifacts", "get", str(job_id), "spec.json", "-o", str(here))
-    assert json.loads((here / "spec.json").read_text())["seed"] == 7
     named = tmp_path / "weights.safetensors"
     cli(stack, "artifacts", "get", str(job_id), "model.safetensors", "-o", str(named))
     assert named.read_bytes() == model
+    made = cli(stack, "artifacts", "get", str(job_id), "spec.json", "-o", f"{here}/new/")
+    assert made.returncode == 0, made.stderr
+    assert json.loads((here / "new" / "spec.json").read_text())["seed"] == 7
     missing = cli(stack, "artifacts", "get", str(job_id), "no-such-file")
     assert missing.returncode == 1 and "404" in missing.stderr
-    assert sorted(p.name for p in here.iterdir()) == ["model.safetensors", "spec.json"]
+    assert sorted(p.name for p in here.iterdir()) == ["model.safetensors", "new"]
 
     again = cli(stack, "rerun", str(job_id), "--follow")
     assert again.returncode == 0, again.stderr
