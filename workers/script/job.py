@@ -158,7 +158,10 @@ def run(script: Script, points: PointsFile) -> RunnerReport:
         return RunnerReport(ok=False, preempted=f"the script {ended.how} after SIGTERM")
     if ended.ok:
         return RunnerReport(ok=True, result=metrics.final(), leader=ended.leader)
-    tail = rank_lines(ended.tail, ended.rank)  # the failing rank's own last words
+    # The failing rank's own last words, its files named as in the user's package (not
+    # under the worker's cache: '  File "train.py", line 3').
+    package = f"{script.cwd}/"
+    tail = [line.replace(package, "") for line in rank_lines(ended.tail, ended.rank)]
     if ran_out_in(tail):  # under its memory limit: the same spec would run out again
         message = f"the script ran out of memory ({ended.how})"
         return _failed(message, tail, code=ReasonCode.out_of_memory)

@@ -57,7 +57,7 @@ def test_a_syntax_errors_reason_ends_with_what_python_said(tmp_path: Path) -> No
     first, *rest = outcome.reason_message.splitlines()
     assert first == "the script exited with 1"
     assert rest[-1] == "SyntaxError: expected ':'"
-    assert any("train.py" in line and "line 2" in line for line in rest), rest
+    assert '  File "train.py", line 2' in rest, rest  # as in the user's package
     assert outcome.own and outcome.retryable  # the job's own: retried as its spec allows
 
 
@@ -92,6 +92,7 @@ def test_ddp_the_reason_carries_the_failing_ranks_lines_only(tmp_path: Path) -> 
     assert rest[-1].startswith("FileNotFoundError: [Errno 2] No such file or directory")
     assert "digts.npz" in rest[-1]
     assert not any("chatter" in line or line.startswith("[rank") for line in rest), rest
+    assert '  File "train.py", line 6, in <module>' in rest, rest  # not under the worker's
 
 
 @pytest.mark.parametrize(
