@@ -51,6 +51,8 @@ def get_artifact(
     token: TokenOpt = None,
 ) -> None:
     """Download one of a job's files, streamed to disk."""
+    if PurePosixPath(name).name in ("", ".", ".."):
+        raise typer.BadParameter(f"{name!r} names no file", param_hint="NAME")
     to_stdout = output == "-"
     dest = Path(output or ".")
     if output is not None and output.endswith("/"):
@@ -59,19 +61,26 @@ def get_artifact(
         dest = dest / PurePosixPath(name).name
     if not to_stdout and not dest.parent.is_dir():
         raise typer.BadParameter(f"no such folder {dest.parent}", param_hint="--output")
+    path = f"/jobs/{job_id}/artifacts/{quote(name)}"
     with connect(url, token) as client:
         try:
-            with client.stream(
-                "GET", f"/jobs/{job_id}/artifacts/{quote(name)}", timeout=UPLOAD_TIMEOUT
-            ) as response:
-                if response.is_error:
-                    refused(response)
-                if to_stdout:
-                    _copy(response, sys.stdout.buffer, label=name)
-                    return
-                size = _save(response, dest, label=name)
-        except httpx.HTTPError as exc:  # the server gone, or the answer cut short
+            response = client.send(
+                client.build_request("GET", path, timeout=UPLOAD_TIMEOUT), stream=True
+            )
+        except httpx.HTTPError as exc:
             raise unreachable(client, exc) from exc
+        try:
+            if response.is_error:
+                refused(response)
+            if to_stdout:
+                _copy(response, sys.stdout.buffer, label=name)
+                return
+            size = _save(response, dest, label=name)
+        except httpx.HTTPError as exc:  # the server went away mid-answer
+            typer.echo(printable(f"error: the download of {name} was cut short: {exc}"), err=True)
+            raise typer.Exit(2) from exc
+        finally:
+            response.close()
     typer.echo(printable(f"{dest} ({size} bytes)"))
 
 
