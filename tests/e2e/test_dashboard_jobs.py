@@ -68,6 +68,20 @@ return [...document.querySelectorAll("#charts figure.metric-chart")].map((f) => 
 ]);
 """
 
+# Which chart other names go to: any loss to the loss chart, the rest by their last part.
+GROUPED = {
+    "loss": "loss",
+    "val/loss": "loss",
+    "train/epoch_loss": "loss",
+    "amp/loss_scale": "loss_scale",  # no loss: a scale of 65536 would flatten the losses
+    "val/accuracy": "accuracy",
+    "train/lr": "lr",
+}
+GROUPS = """
+const [names, done] = arguments;
+import("./static/dashboard/js/chart.js").then(({ groupOf }) => done(names.map(groupOf)));
+"""
+
 
 def charts(browser: WebDriver) -> list[tuple[str, list[str], dict[str, int]]]:
     return [(g, labels, counts) for g, labels, counts in browser.execute_script(CHARTS)]
@@ -126,6 +140,7 @@ def test_a_script_jobs_page_charts_what_it_reported_and_downloads_its_artifacts(
     assert ("accuracy", ["val/accuracy"], {"val/accuracy": 2}) in shown
     assert sorted(label for _, labels, _ in shown for label in labels) == sorted(reported)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#charts canvas")) == len(shown)
+    assert browser.execute_async_script(GROUPS, [*GROUPED]) == list(GROUPED.values())
 
     # Its artifacts as the API lists them, each downloaded with her token.
     listed = team.alice.get(f"/jobs/{job_id}/artifacts").json()
@@ -145,6 +160,15 @@ def test_a_script_jobs_page_charts_what_it_reported_and_downloads_its_artifacts(
         expected = team.alice.get(f"/jobs/{job_id}/artifacts/{name}").content
         wait_for(partial(holds, saved, expected), WAIT_S, f"{name} saved")
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, link + '[data-state="saved"]')))
+    assert sorted(p.name for p in downloads.iterdir()) == ["per class.csv", "weights.bin"]
+    # A file gone since the list was read: the server's words, and the list read again.
+    (stack.tmp / "data" / "jobs" / str(job_id) / "output" / "weights.bin").unlink()
+    browser.find_element(
+        By.CSS_SELECTOR, '#artifacts-table tr[data-name="output/weights.bin"] a'
+    ).click()
+    wait.until(ec.text_to_be_present_in_element((By.ID, "artifacts-notice"), "no artifact"))
+    assert text_of(browser, "#artifacts-notice").startswith("Could not download output/weights.bin")
+    wait.until(lambda d: "output/weights.bin" not in dict(artifact_rows(d)))
     assert sorted(p.name for p in downloads.iterdir()) == ["per class.csv", "weights.bin"]
     # The token went in a header only: no request of the page named it.
     urls = browser.execute_script("return performance.getEntries().map((e) => e.name)")

@@ -104,6 +104,7 @@ export class ArtifactList {
       link.dataset.state = "failed";
       fill(state, "");
       fill(this.notice, `Could not download ${name}: ${err.message}`);
+      if (err.status === 404) this.refresh(); // gone since the list was read
     }
   }
 }
