@@ -261,6 +261,9 @@ def test_a_script_that_cannot_run_fails_once_with_its_cause_in_the_reason(
     assert first == "the script exited with 1 (the job's own error; retries_on_error is 0)"
     assert rest[-1] == "SyntaxError: expected ':'", rest
     assert done["error"]["own_failures"] == 1
+    # the log says how it ended in one line: the stderr lines are in the log already
+    ended = [t for t in texts(stack, job["id"]) if "attempt 1 ended" in t]
+    assert [t.split("] ", 1)[-1] for t in ended] == ["attempt 1 ended: the script exited with 1"]
 
 
 @one_database("postgresql")  # several boxes share PostgreSQL

@@ -115,9 +115,11 @@ class Attempt:
             self._lines.append((time.time(), "system", text))
 
     def note_ended(self, text: str) -> None:
-        """Note how the attempt ended, once (a finish retried after a database outage)."""
+        """Note how the attempt ended, once (a finish retried after a database outage);
+        its first line: a script's reason goes on with its last lines on stderr, which
+        the log has already."""
         if not self._ended_noted:
-            self.note(text)
+            self.note(text.partition("\n")[0])
             self._ended_noted = True
 
     def take_lines(self) -> list[tuple[float, str, str]]:
