@@ -17,7 +17,7 @@ from service.models import JobStatus
 from service.points import finite_json, finite_values, storable_text
 from service.reasons import ReasonCode
 from service.store import Outcome
-from service.store.transitions import REASON_MAX_CHARS
+from service.store.retries import REASON_MAX_CHARS
 from workers.errors import oom_advice
 from workers.jobfiles import write_atomic
 

@@ -2,6 +2,7 @@
 
 - ``transitions``: the state machine (``ALLOWED_FROM``), the fence, and every status
   change but the claim: cancel, finish, release, requeue with back-off, lost workers.
+- ``retries``: the job's own failures, counted against its ``retries_on_error``.
 - ``claim``: taking the best queued job that fits (its SQL in one place), the
   attempt's start record and lease renewal.
 - ``submit``: new jobs, idempotency keys, the group-committed INSERT.

@@ -26,6 +26,7 @@ from service.db import write_session
 from service.errors import InvalidTransition, JobNotFound
 from service.models import Job, JobStatus, utcnow
 from service.reasons import ReasonCode
+from service.store import retries
 from service.store.tables import job_table, node_table
 from service.users import BOOTSTRAP, Identity, check_may_act
 from service.wakeup import announce_job
@@ -46,8 +47,6 @@ ACTIVE = (S.running, S.cancelling)
 # Back-off before a failed attempt runs again: 1 s, 2 s, 4 s ... capped.
 RETRY_BACKOFF_BASE_S = 1.0
 RETRY_BACKOFF_MAX_S = 60.0
-# A reason is stored in at most this many characters (Job.reason_message).
-REASON_MAX_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -167,10 +166,11 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
         if job is None:
             return None  # the lease was lost; the job is someone else's now
         message, error = outcome.reason_message, outcome.error
-        own = own_failures(job) + outcome.own
-        if outcome.status != S.succeeded:
-            # this attempt's error, counted; none of its own: the job's last, which counts
-            error = _counted(error, own) if error else job.error if own else None
+        own = retries.own_failures(job) + outcome.own
+        if outcome.status != S.succeeded and error is not None:
+            error = retries.counted(error, own)
+        elif outcome.status != S.succeeded and own:
+            error = job.error  # none of this attempt's: the job's last, which keeps the count
         if job.status == S.cancelling and outcome.status != S.succeeded:
             return _transition(
                 session,
@@ -182,9 +182,9 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
             )
         if outcome.status == S.failed and outcome.retryable:
             if outcome.own and own > job.retries_on_error:  # the same code fails again
-                message = noted(message, _own_error(own, job.retries_on_error))
+                message = retries.noted(message, retries.own_note(own, job.retries_on_error))
             elif job.attempt < job.max_attempts:
-                note = _own_error(own, job.retries_on_error) if outcome.own else None
+                note = retries.own_note(own, job.retries_on_error) if outcome.own else None
                 common = _lease_ended(outcome.reason_code, message)
                 return _requeue(session, job, now, common, error=error, own_note=note)
         target = S.failed if outcome.status == S.cancelled else outcome.status
@@ -198,42 +198,6 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
             result=outcome.result,
             **_lease_ended(outcome.reason_code, message),
         )
-
-
-# The job's own failures so far, kept in its error (which every attempt's end carries on):
-# retries_on_error counts them across the attempts that ended otherwise in between (a
-# lost worker, a runner killed from outside, a handed-back or resumed attempt).
-OWN_FAILURES = "own_failures"
-
-
-def own_failures(job: Job) -> int:
-    """How many of the job's attempts failed by its own code."""
-    count = (job.error or {}).get(OWN_FAILURES, 0)
-    return count if type(count) is int and count >= 0 else 0
-
-
-def _counted(error: dict[str, Any], own: int) -> dict[str, Any]:
-    """The error, with the job's count of its own failures (whatever the runner said)."""
-    error = {k: v for k, v in error.items() if k != OWN_FAILURES}
-    return {**error, OWN_FAILURES: own} if own else error
-
-
-def _own_error(own: int, allowed: int) -> str:
-    if own > allowed:
-        times = "" if own == 1 else f", {own} times"
-        return f"the job's own error{times}; retries_on_error is {allowed}"
-    return f"the job's own error; retry {own} of retries_on_error={allowed}"
-
-
-def noted(message: str, note: str) -> str:
-    """The message with ``note`` at the end of its first line (what follows it, a
-    script's last lines on stderr, stays last), within the stored reason's length."""
-    first, newline, rest = message.partition("\n")
-    first = f"{first} ({note})"
-    over = len(first) + len(newline) + len(rest) - REASON_MAX_CHARS
-    if over > 0:  # the rest's last lines say most
-        rest = rest[over:]
-    return (first + newline + rest)[:REASON_MAX_CHARS]
 
 
 def _requeue(
@@ -251,7 +215,7 @@ def _requeue(
     delay = min(RETRY_BACKOFF_BASE_S * 2 ** (job.attempt - 1), RETRY_BACKOFF_MAX_S)
     delay = delay if back_off else 0.0
     note = f"attempt {job.attempt} of {job.max_attempts}; retrying"
-    message = noted(common["reason_message"], f"{note}; {own_note}" if own_note else note)
+    message = retries.noted(common["reason_message"], f"{note}; {own_note}" if own_note else note)
     return _transition(
         session,
         job.id,
