@@ -297,12 +297,29 @@ class Settings(BaseSettings):
         return self.blobs_dir or self.data_dir / "blobs"
 
     def require_safe_bind(self) -> None:
-        """Refuse to serve a non-loopback address without a token."""
+        """Refuse to serve a non-loopback address, or to any host name, without a token."""
+        unsafe = self.unsafe_hosts()
+        if unsafe is not None:
+            raise SystemExit(unsafe)
         if self.api_token or is_loopback(self.host):
             return
         raise SystemExit(
             f"refusing to listen on {self.host} without TRAINYARD_API_TOKEN: "
             "anyone on the network could run code on this box; set a token or bind 127.0.0.1"
+        )
+
+    def unsafe_hosts(self) -> str | None:
+        """Why ALLOWED_HOSTS may not be served as set, or None: a wildcard without a token
+        lets a page that rebinds its own name to this box pass the Host check, and then
+        nothing would stop it."""
+        wildcards = [h for h in self.allowed_hosts if h.startswith("*")]
+        if not wildcards or self.api_token:
+            return None
+        return (
+            f"refusing TRAINYARD_ALLOWED_HOSTS={','.join(wildcards)} without "
+            "TRAINYARD_API_TOKEN: a web page that rebinds its own name to this box "
+            "(DNS rebinding) would pass the Host check and could run code here; name "
+            "the hosts exactly, or set a token"
         )
 
 

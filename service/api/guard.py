@@ -118,7 +118,11 @@ class RequestGuard:
     ) -> None:
         """``guarded(path)``: needs a token. ``streamed(method, path)``: reads its body
         under limits of its own (blob uploads), not ``max_body_bytes``. ``engine``: where
-        users' tokens are looked up."""
+        users' tokens are looked up. Refuses settings whose Host check a rebinding page
+        passes with no token behind it (a wildcard in ALLOWED_HOSTS)."""
+        unsafe = settings.unsafe_hosts()  # however the app is served, not only by the CLI
+        if unsafe is not None:
+            raise ValueError(unsafe)
         self.app = app
         self.settings = settings
         self.engine = engine
