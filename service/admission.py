@@ -23,12 +23,13 @@ from anyio import to_thread
 from sqlalchemy import Engine
 from sqlmodel import select
 
-from service import store, users
+from service import blob_rows, store, users
 from service.blobs import BlobStore
 from service.catalog import CatalogCache
 from service.db import is_sqlite, read_session
 from service.errors import SpecInvalid
 from service.inputs import check_inputs
+from service.jobspec import blob_uses, field_of
 from service.models import JobCreate, User
 from service.packages import PackageLimits
 from service.reasons import ReasonCode
@@ -70,8 +71,28 @@ async def admit(
         if queue_limit is not None:  # a full queue is said before the costly check
             await to_thread.run_sync(_check_queue_quota, engine, who.name, queue_limit)
         limits = PackageLimits.from_settings(settings)
-        await to_thread.run_sync(check_inputs, engine, blobs, limits, spec)
+        await to_thread.run_sync(_check_inputs, engine, blobs, limits, spec, who)
     return Admitted(reason, queue_limit)
+
+
+def _check_inputs(
+    engine: Engine, blobs: BlobStore, limits: PackageLimits, spec: JobCreate, who: Identity
+) -> None:
+    """The job's blobs stored and the package safe; for a user other than an admin, only
+    blobs they may see, so a digest alone never gets them someone else's data. One they
+    may not is refused in the words of one not stored: its existence is not theirs to
+    learn."""
+    if not who.admin:
+        uses = blob_uses(spec)
+        with read_session(engine) as session:
+            seen = blob_rows.visible_of(session, who.name, list(uses.values()))
+        for role, digest in uses.items():
+            if digest not in seen:
+                raise SpecInvalid.at(
+                    field_of(role),
+                    f"blob {digest} is not stored: upload it first with PUT /api/v1/blobs/{digest}",
+                )
+    check_inputs(engine, blobs, limits, spec)
 
 
 def _check_database(engine: Engine, spec: JobCreate) -> None:

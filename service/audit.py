@@ -1,6 +1,6 @@
-"""The audit trail: who submitted, cancelled, reran or preempted a job, and who added a
-user or created or revoked a token, and when. Each event is written in the transaction
-of the change it records, so neither is ever kept without the other."""
+"""The audit trail: who submitted, cancelled, reran or preempted a job, who added a user
+or created or revoked a token, and who deleted a blob, and when. Each event is written in
+the transaction of the change it records, so neither is ever kept without the other."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class Action(StrEnum):
     user_changed = "user_changed"
     token_created = "token_created"
     token_revoked = "token_revoked"
+    blob_deleted = "blob_deleted"  # detail: whether its bytes went, and whose upload
 
 
 def record(session: Session, actor: str, action: Action, target: str, **detail: Any) -> None:

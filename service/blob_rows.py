@@ -4,6 +4,10 @@ uses which blob, in which role), their API schemas, and every query about them.
 The files themselves are ``service.blobs``'s. A row is written only once its file is in
 place, so a row without a file is the only mismatch (a sweep or delete racing a PUT of the
 same digest); ``HEAD``/``GET`` look at both, and a new PUT repairs it.
+
+``blob_upload`` says who uploaded each: a user other than an admin sees the blobs they
+uploaded and those their own jobs use (``visible``), and no others, not even that they
+exist: a digest is all it takes to name someone's data.
 """
 
 from __future__ import annotations
@@ -102,8 +106,53 @@ def lock(session: Session, digest: str) -> Blob | None:
 
 
 def remove(session: Session, digest: str) -> None:
-    """Delete the blob's row (its uses stay, as the record of what jobs ran with)."""
+    """Delete the blob's row and its uploads (its uses stay, as the record of what jobs
+    ran with)."""
     session.exec(delete(Blob).where(col(Blob.digest) == digest))
+    session.exec(delete(BlobUpload).where(col(BlobUpload.digest) == digest))
+
+
+def add_upload(session: Session, digest: str, uploader: str) -> None:
+    """Record that ``uploader`` PUT the blob's bytes (once per user and blob)."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = (
+        dialect.insert(BlobUpload)
+        .values(digest=digest, uploader=uploader, uploaded_at=utcnow())
+        .on_conflict_do_nothing(index_elements=["digest", "uploader"])
+    )
+    session.exec(statement)
+
+
+def remove_upload(session: Session, digest: str, uploader: str) -> None:
+    """Forget that ``uploader`` uploaded the blob."""
+    session.exec(
+        delete(BlobUpload).where(
+            col(BlobUpload.digest) == digest, col(BlobUpload.uploader) == uploader
+        )
+    )
+
+
+def uploaders(session: Session, digest: str) -> list[str]:
+    """Who uploaded the blob, by name (none for one stored before uploads were recorded)."""
+    query = select(BlobUpload.uploader).where(col(BlobUpload.digest) == digest)
+    return sorted(session.exec(query))
+
+
+def visible(user: str) -> Any:
+    """SQL: the blob is one ``user`` uploaded, or one of ``user``'s jobs uses."""
+    uploaded = select(BlobUpload.digest).where(col(BlobUpload.uploader) == user)
+    used = (
+        select(JobBlob.digest)
+        .join(Job, col(Job.id) == col(JobBlob.job_id))
+        .where(col(Job.owner) == user)
+    )
+    return or_(col(Blob.digest).in_(uploaded), col(Blob.digest).in_(used))
+
+
+def visible_of(session: Session, user: str, digests: list[str]) -> set[str]:
+    """Which of these stored digests ``user`` may see."""
+    query = select(Blob.digest).where(col(Blob.digest).in_(digests), visible(user))
+    return set(session.exec(query))
 
 
 def read(session: Session, digest: str) -> BlobRead:
@@ -114,10 +163,16 @@ def read(session: Session, digest: str) -> BlobRead:
     return _with_uses(session, [blob])[0]
 
 
-def page(session: Session, *, limit: int, offset: int) -> tuple[list[BlobRead], int]:
-    """Blobs newest first, one page, and how many there are in all."""
-    total = session.exec(select(func.count()).select_from(Blob)).one()
+def page(
+    session: Session, *, limit: int, offset: int, viewer: str | None = None
+) -> tuple[list[BlobRead], int]:
+    """Blobs newest first, one page, and how many there are in all (those ``viewer`` may
+    see; None: every blob)."""
+    count = select(func.count()).select_from(Blob)
     query = select(Blob).order_by(col(Blob.created_at).desc(), col(Blob.digest))
+    if viewer is not None:
+        count, query = count.where(visible(viewer)), query.where(visible(viewer))
+    total = session.exec(count).one()
     blobs = list(session.exec(query.limit(limit).offset(offset)))
     return _with_uses(session, blobs), int(total)
 

@@ -1,6 +1,10 @@
 """Removing blobs, row and file together: a delete on request (refused while an unfinished
 job uses the blob) and the periodic sweep of what no job has used for ``blob_ttl_s``.
 
+An admin deletes a blob; a user who uploaded it deletes their upload, and its bytes go
+with the last uploader's (a blob stored before uploads were recorded has none: only an
+admin deletes it). Every delete is audited in its own transaction.
+
 Both lock the blob's row and decide again under the lock: a job attaching the blob
 updates that row, so it either waits and is then refused (no row left), or commits first
 and is seen.
@@ -14,25 +18,51 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
-from service import blob_rows
+from service import audit, blob_rows
+from service.audit import Action
 from service.blobs import STALE_TEMP_S, BlobStore
 from service.db import read_session, write_session
-from service.errors import BlobInUse, BlobNotFound
+from service.errors import BlobInUse, BlobNotFound, NotAllowed
 from service.models import utcnow
 from service.settings import Settings
+from service.users import Identity
 
 log = logging.getLogger(__name__)
 
 
-def delete(engine: Engine, store: BlobStore, digest: str) -> None:
-    """Delete a blob (row and file); BlobInUse while an unfinished job uses it."""
+def delete(engine: Engine, store: BlobStore, digest: str, who: Identity) -> None:
+    """Delete a blob (row and file), or ``who``'s upload of it; BlobInUse while an
+    unfinished job uses what would go, BlobNotFound for a blob ``who`` may not see."""
     with write_session(engine) as session:
         if blob_rows.lock(session, digest) is None:
             raise BlobNotFound(digest)
+        uploaders = blob_rows.uploaders(session, digest)
+        if not who.admin and who.name not in uploaders:
+            if not blob_rows.visible_of(session, who.name, [digest]):
+                raise BlobNotFound(digest)  # not even whether it exists
+            raise NotAllowed(
+                f"blob {digest} is used by a job of yours but was not uploaded by you: only "
+                "a user who uploaded it, or an admin, may delete it"
+            )
+        others = [u for u in uploaders if u != who.name]
+        if not who.admin and others:  # theirs stays: only this user's upload goes
+            blob_rows.remove_upload(session, digest, who.name)
+            audit.record(
+                session, who.name, Action.blob_deleted, f"blob {digest}", bytes_removed=False
+            )
+            return
         users = blob_rows.unfinished_users(session, digest)
         if users:
             raise BlobInUse(digest, users)
         blob_rows.remove(session, digest)
+        audit.record(
+            session,
+            who.name,
+            Action.blob_deleted,
+            f"blob {digest}",
+            bytes_removed=True,
+            uploaders=uploaders,
+        )
         # Under the row's lock: a job attaching the blob meanwhile waits, then finds no
         # row and is refused; the file goes before the commit, so no row outlives it
         # (should the commit fail, the row stays without a file and a new PUT repairs it).

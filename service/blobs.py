@@ -79,16 +79,21 @@ class BlobStore:
         digest: str,
         limit: int,
         setting: str = MAX_BLOB_SETTING,
+        *,
+        prove: bool = False,
     ) -> Received:
         """Store the streamed bytes as ``digest`` if they hash to it and fit in ``limit``.
 
         Holds at most two batches (one being written, one arriving); hashing and writing
         run in a worker thread (both release the GIL), so the event loop only moves
-        chunks. A blob already stored is answered without reading the stream."""
+        chunks. A blob already stored is answered without reading the stream, unless
+        ``prove``: then the sender must send the bytes, which are hashed and dropped (a
+        digest alone proves nothing: it is not a secret)."""
         final = self.path(digest)
         try:
             os.utime(final)  # a sweep judges files without a row by their age
-            return Received(digest, final.stat().st_size, created=False)
+            if not prove:
+                return Received(digest, final.stat().st_size, created=False)
         except FileNotFoundError:
             pass  # not stored (or deleted just now): receive it
         self.files.mkdir(parents=True, exist_ok=True)

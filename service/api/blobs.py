@@ -3,6 +3,11 @@
 ``PUT`` streams the body to disk as it arrives (``service.blobs.BlobStore.receive``): the
 app's JSON body limit does not apply here, ``TRAINYARD_MAX_BLOB_BYTES`` does, and the
 token is checked (a router dependency) before a byte of the body is read.
+
+A user other than an admin sees only the blobs they uploaded or their own jobs use; any
+other digest is 404, as if nothing were stored under it. A PUT makes its sender an
+uploader of the blob: of bytes stored already, only once it has sent them (and they hash
+to the digest).
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ from fastapi.responses import FileResponse
 from sqlalchemy import Engine
 
 from service import blob_rows, blob_upkeep
-from service.api.deps import BlobStoreDep, EngineDep, SettingsDep, pooled
+from service.api.deps import BlobStoreDep, EngineDep, IdentityDep, SettingsDep, pooled
 from service.api.responses import BLOB_NOT_FOUND, GUARDED, WRITE, error
 from service.blob_rows import BlobList, BlobRead
 from service.blobs import MAX_BLOB_SETTING
 from service.db import read_session, write_session
 from service.errors import BlobNotFound, BlobTooLarge
 from service.models import DIGEST_PATTERN, MAX_INT64
+from service.users import Identity
 
 router = APIRouter(prefix="/blobs", tags=["blobs"], responses=GUARDED)
 
@@ -53,7 +59,11 @@ _RAW_BODY: dict[str, Any] = {
     openapi_extra=_RAW_BODY,
     responses=WRITE
     | {
-        200: {"description": "Stored already: the body was not read", "model": BlobRead},
+        200: {
+            "description": "Stored already: the body was not read if you had uploaded it "
+            "(else it was, and had to match)",
+            "model": BlobRead,
+        },
         400: error("The body's SHA-256 is not the digest; nothing stored"),
         413: error("Larger than TRAINYARD_MAX_BLOB_BYTES; nothing stored"),
         507: error("The blob disk is full; nothing stored"),
@@ -66,6 +76,7 @@ async def put_blob(
     engine: EngineDep,
     settings: SettingsDep,
     store: BlobStoreDep,
+    who: IdentityDep,
     content_length: Annotated[
         int | None, Header(ge=0, le=MAX_INT64, include_in_schema=False)
     ] = None,
@@ -74,23 +85,35 @@ async def put_blob(
     limit = settings.max_blob_bytes
     if content_length is not None and content_length > limit:
         raise BlobTooLarge(limit, MAX_BLOB_SETTING)  # refused before reading a byte
-    received = await store.receive(request.stream(), digest, limit)
-    await run_in_threadpool(_record, engine, digest, received.size)
+    # Whoever may see the blob already need not send it again; anyone else proves they
+    # have the bytes by sending them.
+    seen = who.admin or await run_in_threadpool(_may_see, engine, who, digest)
+    received = await store.receive(request.stream(), digest, limit, prove=not seen)
+    await run_in_threadpool(_record, engine, digest, received.size, who.name)
     response.headers["Location"] = f"/api/v1/blobs/{digest}"
     if not received.created:
         response.status_code = status.HTTP_200_OK
     return await run_in_threadpool(_read, engine, digest)
 
 
-def _record(engine: Engine, digest: str, size: int) -> None:
+def _record(engine: Engine, digest: str, size: int, uploader: str) -> None:
     # Also when the file was there already: its row may be what a crash left missing.
     with write_session(engine) as session:
         blob_rows.record(session, digest, size)
+        blob_rows.add_upload(session, digest, uploader)
 
 
 def _read(engine: Engine, digest: str) -> BlobRead:
     with read_session(engine) as session:
         return blob_rows.read(session, digest)
+
+
+def _may_see(engine: Engine, who: Identity, digest: str) -> bool:
+    """An admin sees every blob; a user those they uploaded and those their jobs use."""
+    if who.admin:
+        return True
+    with read_session(engine) as session:
+        return bool(blob_rows.visible_of(session, who.name, [digest]))
 
 
 @router.head(
@@ -100,21 +123,21 @@ def _read(engine: Engine, digest: str) -> BlobRead:
     responses={404: {"description": "Not stored: upload it"}},
 )
 @pooled
-def head_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> Response:
+def head_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep, who: IdentityDep) -> Response:
     """200 (its size in X-Blob-Size) when stored, 404 when not: upload only what is missing."""
     size = store.size_of(digest)
     with read_session(engine) as session:
         stored = size is not None and bool(blob_rows.known(session, [digest]))
-    if not stored:
+    if not stored or not _may_see(engine, who, digest):
         return Response(status_code=status.HTTP_404_NOT_FOUND)
     return Response(headers={"X-Blob-Size": str(size)})
 
 
 @router.get("/{digest}", summary="A blob's metadata", responses=BLOB_NOT_FOUND)
 @pooled
-def get_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> BlobRead:
+def get_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep, who: IdentityDep) -> BlobRead:
     """Size, when it was stored and last used, and the jobs that use it."""
-    if store.size_of(digest) is None:
+    if store.size_of(digest) is None or not _may_see(engine, who, digest):
         raise BlobNotFound(digest)
     return _read(engine, digest)
 
@@ -125,10 +148,12 @@ def get_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> BlobRead
     response_class=FileResponse,
     responses=BLOB_NOT_FOUND | {200: {"content": {"application/octet-stream": {}}}},
 )
-async def download_blob(digest: Digest, store: BlobStoreDep) -> FileResponse:
+async def download_blob(
+    digest: Digest, engine: EngineDep, store: BlobStoreDep, who: IdentityDep
+) -> FileResponse:
     """The blob's bytes, as uploaded (a worker on another box fetches what it lacks)."""
     path = store.path(digest)
-    if not path.is_file():
+    if not path.is_file() or not await run_in_threadpool(_may_see, engine, who, digest):
         raise BlobNotFound(digest)
     return FileResponse(path, media_type="application/octet-stream")
 
@@ -137,12 +162,15 @@ async def download_blob(digest: Digest, store: BlobStoreDep) -> FileResponse:
 @pooled
 def list_blobs(
     engine: EngineDep,
+    who: IdentityDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
 ) -> BlobList:
-    """Stored blobs with their metadata, newest first, one page."""
+    """Stored blobs with their metadata, newest first, one page: an admin's every blob, a
+    user's those they uploaded or their jobs use."""
+    viewer = None if who.admin else who.name
     with read_session(engine) as session:
-        items, total = blob_rows.page(session, limit=limit, offset=offset)
+        items, total = blob_rows.page(session, limit=limit, offset=offset, viewer=viewer)
     return BlobList(items=items, total=total, limit=limit, offset=offset)
 
 
@@ -153,7 +181,10 @@ def list_blobs(
     responses=WRITE | BLOB_NOT_FOUND | {409: error("An unfinished job uses it")},
 )
 @pooled
-def delete_blob(digest: Digest, engine: EngineDep, store: BlobStoreDep) -> Response:
-    """Delete a blob no unfinished job uses (finished jobs keep the record of its digest)."""
-    blob_upkeep.delete(engine, store, digest)
+def delete_blob(
+    digest: Digest, engine: EngineDep, store: BlobStoreDep, who: IdentityDep
+) -> Response:
+    """Delete a blob no unfinished job uses (finished jobs keep the record of its digest):
+    an admin any, a user their own upload of it (its bytes go with its last uploader's)."""
+    blob_upkeep.delete(engine, store, digest, who)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
