@@ -57,7 +57,9 @@ def follow_job(client: httpx.Client, job_id: int) -> int:
             time.sleep(FOLLOW_POLL_S)
     reason = (job.get("reason") or {}).get("message", "")
     # markup off: "[...]" in a reason is the job's text, not rich's styling
-    console.print(printable(f"job {job_id} {job['status']}: {reason}"), markup=False)
+    console.print(
+        printable(f"job {job_id} {job['status']}: {reason}"), markup=False, soft_wrap=True
+    )
     return 0 if job["status"] == "succeeded" else 1
 
 

@@ -103,7 +103,7 @@ def _trains(job: dict[str, Any]) -> str:
 def _attempts(job: dict[str, Any]) -> str:
     text = f"{job['attempt']} of {job['max_attempts']}"
     if job.get("retries_on_error"):
-        text += f", its own failure retried up to {job['retries_on_error']} times"
+        text += f", retries_on_error {job['retries_on_error']}"
     if job.get("priority"):
         text += f"; priority {job['priority']}"
     if job.get("timeout_s"):

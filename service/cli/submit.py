@@ -60,7 +60,9 @@ def submit(
     requirements: Annotated[
         Path | None,
         typer.Option(
-            help="pip requirements file for the script (default: the package's).", dir_okay=False
+            help="pip requirements file for the script (default: the package's).",
+            dir_okay=False,
+            exists=True,
         ),
     ] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="key=value")] = None,

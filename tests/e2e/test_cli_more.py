@@ -82,7 +82,7 @@ def test_a_job_from_options_to_its_artifacts_and_a_rerun(stack: Stack, tmp_path:
     assert lines[0] == f"job {job_id}" and "status succeeded" in lines, lines
     assert "recipe tiny" in lines and "runs single x1 on cpu" in lines, lines
     assert "trains 1 epochs, batch 64, lr 0.01, adamw, fp32, seed 7" in lines, lines
-    assert "attempts 1 of 3, its own failure retried up to 2 times; priority 5" in lines
+    assert "attempts 1 of 3, retries_on_error 2; priority 5" in lines
     assert json.loads(cli(stack, "status", str(job_id), "--json").stdout) == stack.job(job_id)
 
     listed = cli(stack, "artifacts", "ls", str(job_id))
