@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -105,7 +106,9 @@ def test_samples_per_s_is_the_training_speed_whatever_validation_costs(tmp_path:
         with_validation = BATCH * (step - 1) / (until - ends[0])
         assert rate is not None and rate < trains_at * 1.5, (step, rate, trains_at)
         # Nearer the training speed than a rate with validation in it (~15x slower on an
-        # idle box; less where load slows the steps, never as slow as the validation).
-        assert rate * rate > trains_at * with_validation, (step, rate, trains_at, with_validation)
+        # idle box, less where load slows the steps; the same before the first one), with
+        # room for the epochs' first steps, which only the rate counts.
+        midway = math.sqrt(trains_at * with_validation)
+        assert rate > 0.8 * midway, (step, rate, trains_at, with_validation)
     last = [p for p in points.items if isinstance(p, ProgressPoint)][-1]
     assert last.step == last.total_steps == 3 * 64 and last.eta_s == 0
