@@ -131,6 +131,10 @@ def _create_job(engine: Engine, spec: JobCreate, new: NewJob) -> tuple[Job, bool
         return Job(**committer(engine, _insert_jobs).submit(new)._mapping), True
     with write_session(engine) as session:
         if idempotency_key is not None:
+            if new.queue_limit is not None:
+                # Before the lookup: a retry racing its first try must find that job,
+                # not be counted against the limit beside it.
+                _lock_owners(session, [owner])
             existing = session.exec(
                 select(Job).where(
                     col(Job.owner) == owner, col(Job.idempotency_key) == idempotency_key
@@ -195,11 +199,7 @@ def _past_queue_limits(session: Session, batch: list[NewJob]) -> dict[int, Queue
     refusals: dict[int, QueueQuotaReached] = {}
     if not limited:
         return refusals
-    if session.get_bind().dialect.name == "postgresql":
-        # In one order (by key), so two transactions locking the same owners never wait
-        # on each other in a cycle.
-        for key in sorted({_lock_key(owner) for owner in limited}):
-            session.execute(_OWNER_LOCK, {"key": key})
+    _lock_owners(session, list(limited))
     for owner, indexes in limited.items():
         queued = queued_count(session, owner)
         for i in indexes:
@@ -210,6 +210,18 @@ def _past_queue_limits(session: Session, batch: list[NewJob]) -> dict[int, Queue
             else:
                 queued += 1
     return refusals
+
+
+def _lock_owners(session: Session, owners: list[str]) -> None:
+    """On PostgreSQL, hold these owners' advisory locks until the transaction ends (SQLite's
+    write transaction is the database's one writer already). Taken again in the same
+    transaction, a lock is simply held."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    # In one order (by key), so two transactions locking the same owners never wait on
+    # each other in a cycle.
+    for key in sorted({_lock_key(owner) for owner in owners}):
+        session.execute(_OWNER_LOCK, {"key": key})
 
 
 def _lock_key(owner: str) -> int:

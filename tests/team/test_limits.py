@@ -126,6 +126,20 @@ def test_the_queued_limit_holds_under_a_burst_of_submits(team: Settings, engine:
     assert queued_of(engine, "carol") == 3 and queued_of(engine, "dan") == 3
 
 
+def test_a_retry_at_the_limit_gets_its_job_back(team: Settings, engine: Engine) -> None:
+    """A retried submit (its Idempotency-Key) at the limit is its first try's answer, not
+    a 429: the key is looked up before the count."""
+    capped = team.model_copy(update={"max_queued_jobs_per_user": 1})
+    with TestClient(create_app(capped, engine)) as api:
+        carol = add_user(api, "carol")
+        first = api.post(JOBS, json=SPEC, headers={**bearer(carol), "Idempotency-Key": "a"})
+        assert first.status_code == 201, first.text
+        again = api.post(JOBS, json=SPEC, headers={**bearer(carol), "Idempotency-Key": "a"})
+        assert again.status_code == 201 and again.json()["id"] == first.json()["id"]
+        other = api.post(JOBS, json=SPEC, headers={**bearer(carol), "Idempotency-Key": "b"})
+        assert other.status_code == 429, other.text
+
+
 def test_the_queued_limit_holds_for_concurrent_store_submits(engine: Engine) -> None:
     """The store's own rule, 100 submits from 16 threads: exactly the limit is inserted,
     whether a submit is batched or not; the rest are told the count and the limit."""
