@@ -422,7 +422,11 @@ class JobRead(JobBase):
     reason: Reason | None = None
     attempt: int
     progress: Progress | None = None
-    error: dict[str, Any] | None = Field(None, description="type, message, traceback tail")
+    error: dict[str, Any] | None = Field(
+        None,
+        description="The last failure: type, message, traceback tail; own_failures: how many "
+        "attempts failed by the job's own code (see retries_on_error).",
+    )
     result: dict[str, Any] | None = Field(None, description="Final metrics of a finished job.")
     environment: dict[str, Any] | None = Field(
         None,
