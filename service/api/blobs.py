@@ -153,7 +153,9 @@ async def download_blob(
 ) -> FileResponse:
     """The blob's bytes, as uploaded (a worker on another box fetches what it lacks)."""
     path = store.path(digest)
-    if not path.is_file() or not await run_in_threadpool(_may_see, engine, who, digest):
+    if not path.is_file():
+        raise BlobNotFound(digest)
+    if not (who.admin or await run_in_threadpool(_may_see, engine, who, digest)):
         raise BlobNotFound(digest)
     return FileResponse(path, media_type="application/octet-stream")
 

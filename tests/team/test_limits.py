@@ -182,7 +182,7 @@ def test_a_job_larger_than_its_owners_running_quota_is_refused(
             "the job needs 2 devices, more than lee's running quota of 1 (lee's own limit)"
         )
         assert api.post(JOBS, json=SPEC, headers=bearer(lee)).status_code == 201
-        # an admin's job asks the same of its owner's quota; the default applies to all
+        # the quota is its owner's: the admin has none; the default applies to everyone
         assert api.post(JOBS, json={**SPEC, "devices": 2}, headers=ADMIN).status_code == 201
     capped = team.model_copy(update={"max_running_devices_per_user": 1})
     with TestClient(create_app(capped, engine)) as api:
