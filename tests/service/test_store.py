@@ -181,7 +181,7 @@ def test_writes_are_fenced_by_attempt_and_token(engine: Engine) -> None:
     assert fence is not None
     stale = Fence(fence.job_id, fence.attempt, "not-the-token")
     assert store.renew_lease(engine, [fence, stale], 30) == {
-        fence.job_id: (JobStatus.running, None)
+        fence.job_id: store.Held(JobStatus.running, None)
     }
     assert not store.report(engine, stale, progress=at_step(1))
     assert not store.append_logs(engine, stale, [(0.0, "stdout", "x")], max_lines=100)
@@ -295,7 +295,7 @@ def test_cancel_while_running_then_finish_is_cancelled(engine: Engine) -> None:
     fence = claim(engine)
     assert fence is not None
     assert store.cancel_job(engine, job_id).status == JobStatus.cancelling
-    assert store.renew_lease(engine, [fence], 30) == {job_id: (JobStatus.cancelling, None)}
+    assert store.renew_lease(engine, [fence], 30) == {job_id: store.Held(JobStatus.cancelling, None)}
     done = store.finish_attempt(engine, fence, Outcome(JobStatus.cancelled, R.cancelled, "stopped"))
     assert done is not None and done.status == JobStatus.cancelled
 
