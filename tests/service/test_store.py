@@ -295,7 +295,9 @@ def test_cancel_while_running_then_finish_is_cancelled(engine: Engine) -> None:
     fence = claim(engine)
     assert fence is not None
     assert store.cancel_job(engine, job_id).status == JobStatus.cancelling
-    assert store.renew_lease(engine, [fence], 30) == {job_id: store.Held(JobStatus.cancelling, None)}
+    assert store.renew_lease(engine, [fence], 30) == {
+        job_id: store.Held(JobStatus.cancelling, None)
+    }
     done = store.finish_attempt(engine, fence, Outcome(JobStatus.cancelled, R.cancelled, "stopped"))
     assert done is not None and done.status == JobStatus.cancelled
 

@@ -41,7 +41,8 @@ from workers.runner.loopback import LOOPBACK, one_box_env
 from workers.runner.node import Node
 from workers.script.launch import Script, free_port, rank_lines, run_process, run_ranks
 from workers.script.metrics_file import MetricsFile
-from workers.script.venvs import python_for, requirement_lines
+from workers.script.venvs import python_for
+from workers.venv_names import requirement_lines
 
 log = logging.getLogger(__name__)
 

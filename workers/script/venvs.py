@@ -11,8 +11,6 @@ worker's own (``pip --python``), so a new virtualenv needs no pip of its own.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -24,32 +22,26 @@ import threading
 import time
 import venv
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from service import pip_lines
 from service.reasons import ReasonCode
 from workers.errors import NotRetryable
 from workers.procfs import kill_tree
+from workers.venv_names import (
+    FILE_OPTIONS,
+    READY,
+    hold_lock,
+    inside,
+    requirement_lines,
+    venv_key,
+)
 
 log = logging.getLogger(__name__)
 
 PIP_TAIL_LINES = 30
 # The worker's packages, seen from every job virtualenv.
 LAYER_PTH = "_trainyard_worker.pth"
-READY = ".ready"  # written last: the virtualenv is whole
-LOCK_POLL_S = 0.2  # another job builds the same set: look again this often
-
-
-def requirement_lines(requirements: list[str] | None, package: Path) -> list[str]:
-    """The job's requirement lines, else its package's requirements.txt, without comments
-    and blank lines."""
-    if requirements is None:
-        path = package / "requirements.txt"
-        requirements = path.read_text().splitlines() if path.is_file() else []
-    lines = [line.split(" #")[0].strip() for line in requirements]
-    return [line for line in lines if line and not line.startswith("#")]
 
 
 def python_for(
@@ -78,7 +70,7 @@ def python_for(
         return _python(target)
     root.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
-    with _locked(root / f"{key}.lock", deadline) as locked:
+    with hold_lock(root / f"{key}.lock", deadline) as locked:
         if locked and _usable(target, sealed_by):
             return _python(target)
         if locked and not _someone_elses(target, sealed_by):
@@ -110,7 +102,7 @@ def refuse_outside(lines: list[str], package: Path) -> None:
         path = pip_lines.outside(line, "" if folder == "." else folder)
         for option, value in pip_lines.raw_words(line) if path is None else []:
             named = pip_lines.local_path(option, value)
-            bases = [base] if option in _FILE_OPTIONS else [base, root]
+            bases = [base] if option in FILE_OPTIONS else [base, root]
             if named is None or all(_within(b / named, root) for b in bases):
                 continue
             path = named
@@ -119,7 +111,7 @@ def refuse_outside(lines: list[str], package: Path) -> None:
                 ReasonCode.requirements_failed, pip_lines.outside_why(line, path) + where
             )
         for option, value in pip_lines.words(line):
-            file = _inside(base / value, root) if option in _FILE_OPTIONS else None
+            file = inside(base / value, root) if option in FILE_OPTIONS else None
             if file is not None and file.is_file() and file not in seen:
                 seen.add(file)
                 nested = requirement_lines(file.read_text(errors="replace").splitlines(), root)
@@ -159,95 +151,6 @@ def _someone_elses(target: Path, sealed_by: int | None) -> bool:
     return owner not in (os.getuid(), sealed_by)
 
 
-@contextmanager
-def _locked(path: Path, deadline: float) -> Iterator[bool]:
-    """The requirement set's lock, held (True), or not had by ``deadline`` (False): a lock
-    another account made, or holds that long, must not hold this job forever."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
-    except OSError:  # another account's, closed to this one
-        yield False
-        return
-    try:
-        if os.fstat(fd).st_uid == os.getuid():
-            os.fchmod(fd, 0o660)  # the umask made it 0600: every job account locks it
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    yield False
-                    return
-                time.sleep(LOCK_POLL_S)
-        yield True
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def lock_if_free(venvs: Path, key: str) -> Iterator[bool]:
-    """The requirement set's lock if no one holds it now (True), else False at once: the
-    worker's cache upkeep removes a virtualenv under it, never while a job builds it."""
-    with _locked(venvs / f"{key}.lock", time.monotonic() - 1) as locked:
-        yield locked
-
-
-def venv_key(lines: list[str], package: Path) -> str:
-    """A requirement set's virtualenv name: this interpreter, the lines, and what they
-    name inside the package (``./wheels/x.whl``, ``--find-links ./wheels``, ``-r more.txt``
-    and what that names): its bytes, so a wheel rebuilt under the same file name in a new
-    package gets a virtualenv of its own, not the one the old wheel made. An editable
-    folder (``-e .``) is keyed by where it is, not its bytes: the virtualenv points there,
-    and the package folder's name is its digest."""
-    key = hashlib.sha256("\n".join([sys.executable, *sorted(lines)]).encode())
-    root = package.resolve()
-    for path, editable in _named_paths(lines, root).items():
-        key.update(f"\0{path.relative_to(root)}\0".encode())
-        key.update(str(path).encode() if editable else _tree_digest(path))
-    return key.hexdigest()[:32]
-
-
-_EDITABLE = ("-e", "--editable")
-# pip reads -r and -c files relative to the file that names them (the lines are copied
-# out of the package to be read: see _for_pip), and follows their lines in turn.
-_FILE_OPTIONS = pip_lines.FILE_OPTIONS
-
-
-def _named_paths(lines: list[str], root: Path) -> dict[Path, bool]:
-    """The package's own files and folders that requirement lines name, those of the
-    requirement files they name too, each once, with whether it is installed editable. A
-    word names a path as pip decides it: an option's file, or a word with a "/", a leading
-    "." or an archive's name; a project name is not one, even beside a folder so named."""
-    found: dict[Path, bool] = {}
-    todo = [(line, root) for line in sorted(lines)]
-    while todo:
-        line, base = todo.pop()
-        for option, value in pip_lines.words(line):
-            if option in _FILE_OPTIONS:
-                path = _inside(base / value, root)
-            elif "/" in value or value.startswith(".") or value.endswith(pip_lines.ARCHIVES):
-                path = _inside(root / value, root)  # pip's working folder is the package
-            else:
-                continue
-            if path is None or path in found:
-                continue
-            found[path] = option in _EDITABLE
-            if option in _FILE_OPTIONS and path.is_file():
-                nested = path.read_text(errors="replace").splitlines()
-                todo += [(x, path.parent) for x in requirement_lines(nested, root)]
-    return found
-
-
-def _inside(path: Path, root: Path) -> Path | None:
-    """``path`` resolved, if it exists inside the package."""
-    try:
-        resolved = path.resolve()
-        return resolved if resolved.is_relative_to(root) and resolved.exists() else None
-    except OSError:  # a word too long to be a file's name, say
-        return None
-
-
 def _for_pip(line: str, root: Path) -> str:
     """A line as pip reads it from the virtualenv's copy of the lines: a relative ``-r`` or
     ``-c`` file is the package's (pip would look for it beside the copy)."""
@@ -257,18 +160,7 @@ def _for_pip(line: str, root: Path) -> str:
     return f"{match[1]} {root / match[3]}{line[match.end() :]}"
 
 
-_FILE_LINE = re.compile(rf"^({'|'.join(_FILE_OPTIONS)})(=|\s+)?(\S+)")
-
-
-def _tree_digest(path: Path) -> bytes:
-    """SHA-256 over a file's bytes, or over a folder's files (names and bytes, in order)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for file in files:
-        digest.update(f"\0{file.relative_to(path)}\0".encode())
-        with open(file, "rb") as f:
-            digest.update(hashlib.file_digest(f, "sha256").digest())
-    return digest.digest()
+_FILE_LINE = re.compile(rf"^({'|'.join(FILE_OPTIONS)})(=|\s+)?(\S+)")
 
 
 def _build(target: Path, lines: list[str], package: Path, timeout_s: float) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from service.settings import Settings
-from workers.script import venvs
+from workers import venv_names
 from workers.supervisor import nofollow
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ class CacheBudget:
         kind, name = entry.split("/")
         try:
             if kind == "venvs":
-                with venvs.lock_if_free(self.root / "venvs", name) as free:
+                with venv_names.lock_if_free(self.root / "venvs", name) as free:
                     if not free:
                         return False
                     _remove(self.root / kind, name)
@@ -288,8 +288,8 @@ class Holds:
     def hold_venv(self, requirements: list[str] | None, package: Path) -> None:
         """Hold the virtualenv a script job's runner uses (or builds) for its requirements."""
         try:
-            lines = venvs.requirement_lines(requirements, package)
-            key = venvs.venv_key(lines, package) if lines else None
+            lines = venv_names.requirement_lines(requirements, package)
+            key = venv_names.venv_key(lines, package) if lines else None
         except Exception as exc:  # the runner reads them too, and says what is wrong
             log.info("%s: requirements not read here (%s): no virtualenv held", package, exc)
             return

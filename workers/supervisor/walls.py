@@ -27,11 +27,11 @@ from typing import Any
 from service.settings import Settings
 from workers.handoff import JobAccount
 from workers.supervisor import nofollow
+from workers.venv_names import READY  # a virtualenv's last file
 
 log = logging.getLogger(__name__)
 
 VENVS_MODE = 0o1770  # sticky: an entry is removed or renamed by its owner only
-READY = ".ready"  # a virtualenv's last file (workers.script.venvs)
 # The job account's import of the runner, tried at start.
 READY_TIMEOUT_S = 60.0
 

@@ -17,7 +17,8 @@ from service.reasons import ReasonCode
 from tests.stack import wait_for
 from workers.errors import NotRetryable
 from workers.procfs import stat_fields
-from workers.script.venvs import python_for, requirement_lines, venv_key
+from workers.script.venvs import python_for
+from workers.venv_names import requirement_lines, venv_key
 
 
 def make_wheel(

@@ -30,7 +30,7 @@ from service.models import JobCreate, WorkerRead
 from service.settings import Settings
 from tests.stack import RECIPES_DIR, REPO, wait_for
 from tests.workers.supervisor.test_supervisor import InThread
-from workers.script import venvs
+from workers import venv_names as venvs
 from workers.supervisor.cache_budget import GIB, CacheBudget
 from workers.supervisor.loop import Supervisor
 
