@@ -406,8 +406,10 @@ def waiting_reason(
         )
     if job.reason_code is None or job.reason_code in WAITING:
         return Reason(code=code, message=text)
-    # requeued: keep why (the failure, the lost worker) and add what it waits for now
-    return Reason(code=job.reason_code, message=f"{job.reason_message}; {text}")
+    # requeued: keep why (the failure, the lost worker) and add what it waits for now, on
+    # its first line (the lines after it may be the failing script's last lines)
+    first, newline, rest = (job.reason_message or "").partition("\n")
+    return Reason(code=job.reason_code, message=f"{first}; {text}{newline}{rest}")
 
 
 def _over_quota(job: JobLike, standing: Standing) -> bool:

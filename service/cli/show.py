@@ -19,7 +19,9 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         f"{'ID':>6}  {'STATUS':<10}  {'OWNER':<12}  {'WHAT':<{WHAT_CHARS}}  {'RUNS':<10}  REASON"
     )
     for job in jobs:
-        reason = (job.get("reason") or {}).get("message", "")
+        # its first line: a failed script's reason goes on with its last lines on stderr,
+        # which `trainyard status` shows
+        reason = (job.get("reason") or {}).get("message", "").partition("\n")[0]
         what = _what(job)[:WHAT_CHARS]
         runs = f"{job['strategy']} {_shape(job)}"
         typer.echo(

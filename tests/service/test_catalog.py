@@ -99,3 +99,27 @@ def test_a_worker_registered_before_recipe_errors_existed_lists_none(
         with read_session(engine) as session:
             [worker] = list_workers(session)
     assert worker.id == "old" and worker.recipe_errors == []
+
+
+def test_a_retry_s_wait_goes_on_the_first_line_of_its_reason(
+    engine: Engine, add_worker: Callable[..., Worker]
+) -> None:
+    """A failed script's reason goes on with its last lines on stderr; what the requeued
+    job waits for belongs with the why on the first line, not after the traceback."""
+    from datetime import timedelta
+
+    from service.catalog import load_catalog, waiting_reason
+    from service.models import Job, utcnow
+
+    add_worker("w1")
+    failed = (
+        "the script exited with 1 (attempt 1 of 3; retrying)\n  x = (\n"
+        "SyntaxError: '(' was never closed"
+    )
+    job = Job(**SPEC.model_dump(), reason_code=ReasonCode.error, reason_message=failed)
+    job.run_after = utcnow() + timedelta(seconds=30)
+    with read_session(engine) as session:
+        reason = waiting_reason(load_catalog(session), job, 1)
+    first, *rest = reason.message.splitlines()
+    assert first.startswith("the script exited with 1 (attempt 1 of 3; retrying); retrying in ")
+    assert rest == ["  x = (", "SyntaxError: '(' was never closed"]
