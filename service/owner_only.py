@@ -18,8 +18,6 @@ import os
 import sys
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
-
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +38,8 @@ def keep_private(settings: Settings) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     # Jobs running as another account pass through it to their own folder (not list it).
     _chmod_own(data_dir, PASS_THROUGH_DIR_MODE if settings.job_user else PRIVATE_DIR_MODE)
+    from sqlalchemy.engine import make_url  # here: the CLI's other commands do without it
+
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
         for suffix in SQLITE_SIDE_FILES:

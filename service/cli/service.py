@@ -9,6 +9,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
@@ -117,16 +119,59 @@ def worker(
     supervisor.run(drain=drain)
 
 
+# How long `up` waits for its worker to register before it serves anyway: the worker
+# imports torch and finds its devices first (seconds; a minute on a slow disk).
+WORKER_REGISTERS_IN_S = 120.0
+
+
+def _await_worker(settings: Settings, since: datetime, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until the worker ``proc`` has registered (a row of its id started since
+    ``since``): until then a submit naming one of its recipes would be refused as
+    unknown. Exit if it dies first; serve anyway, saying so, past the deadline."""
+    import platform
+
+    from sqlmodel import Session
+
+    from service.db import make_engine
+    from service.models import Worker
+
+    worker_id = settings.worker_id or platform.node()
+    typer.echo(f"waiting for worker {worker_id} to register", err=True)
+    engine = make_engine(settings)
+    deadline = time.monotonic() + WORKER_REGISTERS_IN_S
+    try:
+        while time.monotonic() < deadline:
+            with Session(engine) as session:
+                row = session.get(Worker, worker_id)
+                if row is not None and row.started_at >= since:
+                    return
+            if proc.poll() is not None:
+                typer.echo(f"error: the worker exited with {proc.returncode}", err=True)
+                raise typer.Exit(1)
+            time.sleep(0.2)
+        typer.echo(
+            f"warning: worker {worker_id} has not registered in {WORKER_REGISTERS_IN_S:.0f}s; "
+            "serving anyway (jobs wait for it)",
+            err=True,
+        )
+    finally:
+        engine.dispose()
+
+
 @app.command()
 def up() -> None:
-    """Migrate, then serve the API with one worker beside it (the single-box default)."""
+    """Migrate, start one worker, and once it has registered serve the API beside it (the
+    single-box default)."""
     migrate()
+    settings = Settings()
+    since = datetime.now(UTC)
     worker_proc = subprocess.Popen([sys.executable, "-m", "service.cli", "worker"])
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with the
     # default action this process would die there, before stopping its worker, which
     # would run on, orphaned. Exit through `finally` instead.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
+        _await_worker(settings, since, worker_proc)
         serve()
     finally:
         worker_proc.terminate()  # the worker hands its running jobs back to the queue

@@ -164,9 +164,16 @@ def test_submit_nodes_on_sqlite_is_refused_naming_nodes(stack: Stack) -> None:
     assert r.stdout == "" and stack.http.get("/jobs").json()["total"] == 0
 
 
-def test_up_stops_its_worker_when_it_is_stopped(tmp_path: Path) -> None:
+def test_up_serves_once_its_worker_has_registered_and_stops_it_when_stopped(
+    tmp_path: Path,
+) -> None:
     port = free_port()
     env = stack_env(tmp_path, f"sqlite:///{tmp_path / 'trainyard.db'}", port)
+    # a recipe that takes seconds to load: the worker registers well after the API could
+    # answer (the worker loads its recipes before it registers)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "slow.py").write_text("import time\n\ntime.sleep(4)\n")
+    env["TRAINYARD_RECIPES_DIR"] = str(tmp_path / "recipes")
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=5)
     with open(tmp_path / "up.log", "wb") as log:
         up = subprocess.Popen(
@@ -179,14 +186,17 @@ def test_up_stops_its_worker_when_it_is_stopped(tmp_path: Path) -> None:
     pid = None
     try:
 
-        def worker_pid() -> int | None:
+        def first_answer() -> tuple[list[dict[str, object]]] | None:
             try:
-                workers = api.get("/workers").json()
+                return (api.get("/workers").json(),)  # (an empty list is an answer)
             except httpx.HTTPError:
                 return None
-            return next((w["pid"] for w in workers if w["alive"]), None)
 
-        pid = wait_for(worker_pid, 60, "the worker beside the API to register")
+        # It serves once its worker has registered: its first answer lists it (a submit
+        # naming one of the worker's recipes is never refused as unknown).
+        (workers,) = wait_for(first_answer, 90, "the API to answer")
+        pid = next((w["pid"] for w in workers if w["alive"]), None)
+        assert isinstance(pid, int), workers
         up.send_signal(signal.SIGTERM)  # what systemd or `kill` sends
         assert up.wait(timeout=60) == 128 + signal.SIGTERM, (tmp_path / "up.log").read_text()
         # Its worker went with it (it used to run on, orphaned, after uvicorn's shutdown).
