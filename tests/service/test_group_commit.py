@@ -50,9 +50,7 @@ def test_submits_awaited_on_an_event_loop_each_get_their_row(engine: Engine) -> 
 
 
 @contextlib.contextmanager
-def first_batch_waiting(
-    engine: Engine, writer: GroupCommit, row: NewJob
-) -> Iterator[Future[Any]]:
+def first_batch_waiting(engine: Engine, writer: GroupCommit, row: NewJob) -> Iterator[Future[Any]]:
     """``row`` taken into the writer's batch, which waits for the write lock held here
     until the block ends: what the block enqueues makes the writer's next batch."""
     with write_session(engine) as session:
