@@ -142,8 +142,18 @@ def decide(
         # A diverged job's final metrics are NaN: null, as in its points (service.points).
         result = None if report.result is None else finite_values(report.result)
         return Outcome(JobStatus.succeeded, ReasonCode.succeeded, "trained", result=result)
-    if report.preempted is not None:  # someone sent SIGTERM: it checkpointed and stopped
-        return Outcome(JobStatus.queued, ReasonCode.preempted, f"preempted: {report.preempted}")
+    if report.preempted is not None:
+        # A SIGTERM its worker did not send (someone on the box, or the job's own code): it
+        # checkpointed and stopped. Retried from there, but an attempt is spent: handed
+        # back free, a job that signals itself would be taken again at once, for ever.
+        return Outcome(
+            JobStatus.failed,
+            ReasonCode.preempted,
+            f"stopped by a SIGTERM its worker did not send ({report.preempted}); resumes "
+            "from its checkpoint",
+            retryable=True,
+            own=False,
+        )
     error = report.error or {}
     ranks = f" ({error['ranks']})" if error.get("ranks") else ""
     said = str(error.get("message"))

@@ -46,8 +46,13 @@ def test_the_runners_report_decides_when_nobody_stopped_it(tmp_path: Path) -> No
     done = decide(None, RunnerReport.read(path), 0, **LIMITS)  # type: ignore[arg-type]
     assert (done.status, done.result) == (JobStatus.succeeded, {"val/loss": 0.5})
     RunnerReport(ok=False, preempted="stopped at epoch 2").write(path)
-    handed_back = decide(None, RunnerReport.read(path), 1, **LIMITS)  # type: ignore[arg-type]
-    assert (handed_back.status, handed_back.reason_code) == (JobStatus.queued, "preempted")
+    # A SIGTERM its worker did not send (the job may signal itself): retried from its
+    # checkpoint, but an attempt is spent, or such a job would be taken again for ever.
+    stopped = decide(None, RunnerReport.read(path), 1, **LIMITS)  # type: ignore[arg-type]
+    assert (stopped.status, stopped.reason_code) == (JobStatus.failed, "preempted")
+    assert stopped.retryable and not stopped.own
+    asked = decide(StopReason.preempted, RunnerReport.read(path), 1, **LIMITS, preempted_by="x")  # type: ignore[arg-type]
+    assert (asked.status, asked.reason_code) == (JobStatus.queued, "preempted")
     failed = decide(None, FAILED, 1, **LIMITS)  # type: ignore[arg-type]
     assert (failed.status, failed.reason_code, failed.retryable) == (
         JobStatus.failed,

@@ -503,6 +503,14 @@ class Supervisor:
             preempted_by=attempt.preempted_by,
             lost_node=attempt.lost_node,
         )
+        if attempt.node is not None and stop is None and report is not None and report.preempted:
+            # Its ranks stopped with their peers (the stop flag is all-reduced): the node
+            # whose worker sent the SIGTERM records how the attempt ended. Sent by no
+            # worker (the job's own), no one does: the lease lapses and the job is retried.
+            attempt.note_ended(f"attempt {fence.attempt}: node {attempt.node} stopped with all")
+            self._write_lines(attempt)
+            self._take_back(attempt, files)
+            return True
         follower = report is not None and not report.leader
         if attempt.node is not None and outcome.status == JobStatus.succeeded and follower:
             # its ranks are done; the node with global rank 0 ends the job
@@ -514,10 +522,7 @@ class Supervisor:
         self._write_lines(attempt)
         # Before the store hears of it: once it does, the job may be claimed again (here
         # or, on a shared DATA_DIR, on another box) and its folder handed over anew.
-        try:
-            self.walls.take_back(files.root, self.settings.cache_path / "venvs")
-        except OSError:  # the folder stays the job account's; the outcome is still recorded
-            log.exception("job %s: its folder could not be taken back", attempt.job_id)
+        self._take_back(attempt, files)
         if outcome.status == JobStatus.queued:  # handed back (shutdown, preempted)
             store.release_attempt(  # no attempt spent
                 self.engine, fence, outcome.reason_code, outcome.reason_message
@@ -526,6 +531,13 @@ class Supervisor:
             store.finish_attempt(self.engine, fence, outcome)
         log.info("job %s: attempt %d %s", attempt.job_id, fence.attempt, outcome.reason_message)
         return True
+
+    def _take_back(self, attempt: Attempt, files: JobFiles) -> None:
+        """The job's folder and the virtualenvs it built, back to the worker's account."""
+        try:
+            self.walls.take_back(files.root, self.settings.cache_path / "venvs")
+        except OSError:  # the folder stays the job account's; the outcome is still recorded
+            log.exception("job %s: its folder could not be taken back", attempt.job_id)
 
     def _shutdown(self) -> None:
         """Leave nothing running: kill what is left, hand its jobs back, say goodbye."""
