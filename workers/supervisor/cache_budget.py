@@ -20,6 +20,7 @@ taken while the disk has less than TRAINYARD_MIN_FREE_DISK_GB free.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -48,6 +49,10 @@ SWEEP_INTERVAL_S = 30.0
 SWEEP_SLICE_S = 2.0
 INDEX = ".index.json"
 HOLDS = ".holds"
+# A walk that measures an entry stops counting after this many files (a job's account may
+# fill its virtualenv with millions, and the walk runs on the loop that renews leases):
+# the entry is then known by what was counted, a size it has at least.
+MEASURE_MAX_FILES = 100_000
 
 Index = dict[str, dict[str, float]]  # entry ("code/<hex>") -> {"bytes", "used"}
 
@@ -124,7 +129,11 @@ class CacheBudget:
             for gone in set(index) - set(there):
                 del index[gone]
             for entry in there.keys() - index.keys():
-                measured = self._measure_unheld(entry)
+                try:
+                    measured = self._measure_unheld(entry)
+                except OSError as exc:  # one entry's trouble is not the whole sweep's
+                    log.warning("cache entry %s not measured: %s", entry, exc)
+                    continue
                 if measured is not None:
                     index[entry] = measured
             total = sum(int(e["bytes"]) for e in index.values())
@@ -161,9 +170,8 @@ class CacheBudget:
     def lock_entry(self, entry: str, how: int) -> int | None:
         """A descriptor holding ``entry``'s hold file locked ``how`` (fcntl.LOCK_SH or
         LOCK_EX, with LOCK_NB: None while another holds it)."""
-        folder = self.root / HOLDS
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = folder / entry.replace("/", "-")
+        path = self._hold_file(entry)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
@@ -178,6 +186,11 @@ class CacheBudget:
             except FileNotFoundError:
                 pass
             os.close(fd)
+
+    def _hold_file(self, entry: str) -> Path:
+        """The file an entry's hold locks: named by its hash, as an entry's own name is
+        whatever a job's account made in ``venvs`` (a name too long for a file's, say)."""
+        return self.root / HOLDS / hashlib.sha256(entry.encode()).hexdigest()[:32]
 
     # --- the sweep's steps --------------------------------------------------------------
 
@@ -227,7 +240,11 @@ class CacheBudget:
     def _evict(self, entry: str, known: dict[str, float]) -> bool:
         """Remove an entry no one holds, under its hold's lock (and a virtualenv under its
         requirement set's too); False if held, being built, or not removable."""
-        fd = self.lock_entry(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fd = self.lock_entry(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            log.warning("cache entry %s not evicted: %s", entry, exc)
+            return False
         if fd is None:
             return False
         kind, name = entry.split("/")
@@ -239,7 +256,7 @@ class CacheBudget:
                     _remove(self.root / kind, name)
             else:
                 _remove(self.root / kind, name)
-            os.unlink(self.root / HOLDS / entry.replace("/", "-"))  # locked: see lock_entry
+            os.unlink(self._hold_file(entry))  # locked: see lock_entry
         except OSError as exc:
             log.warning("cache entry %s not evicted: %s", entry, exc)
             return False
@@ -322,22 +339,32 @@ def _free_bytes(folder: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
+class _Counted(Exception):
+    """MEASURE_MAX_FILES files counted: the walk stops."""
+
+
 def _measure(path: Path) -> int:
-    """Bytes on disk of a file, or of a folder and everything in it, never through a link."""
+    """Bytes on disk of a file, or of a folder and everything in it, never through a link
+    (of its first MEASURE_MAX_FILES files)."""
     st = path.lstat()
     if not stat.S_ISDIR(st.st_mode):
         return st.st_blocks * 512
     total = 0
+    files = 0
 
     def add(fd: int, name: str | None) -> None:
-        nonlocal total
+        nonlocal total, files
+        files += 1
+        if files > MEASURE_MAX_FILES:
+            raise _Counted
         if name is None:
             total += os.fstat(fd).st_blocks * 512
         else:
             with suppress(FileNotFoundError):  # gone meanwhile
                 total += os.stat(name, dir_fd=fd, follow_symlinks=False).st_blocks * 512
 
-    nofollow.walk(path, add)
+    with suppress(_Counted):
+        nofollow.walk(path, add)
     return total
 
 

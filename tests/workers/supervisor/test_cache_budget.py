@@ -6,6 +6,7 @@ holding a running job's package through sweeps, shown on the workers' listing.""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ from service.settings import Settings
 from tests.stack import RECIPES_DIR, REPO, wait_for
 from tests.workers.supervisor.test_supervisor import InThread
 from workers import venv_names as venvs
+from workers.supervisor import cache_budget
 from workers.supervisor.cache_budget import GIB, CacheBudget
 from workers.supervisor.loop import Supervisor
 
@@ -93,6 +95,28 @@ def test_an_over_budget_sweep_evicts_the_least_recently_used_but_never_a_held_en
     holds.release()  # the attempt ended: its package is now the most recently used
     budget(tmp_path, budget_mib=1.5).sweep()
     assert present(cache) == {"code/aaa"}
+
+
+def test_an_entry_a_job_s_account_named_or_filled_does_not_stop_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """venvs/ is writable by the jobs' account: a name too long for a hold file's (it was
+    the entry's own name) failed every sweep, and a folder of a million files would keep
+    the loop that renews leases walking."""
+    cache = settings_for(tmp_path).cache_path
+    long_name = "v" * 250
+    make_entry(cache, f"venvs/{long_name}", age_s=300)
+    many = make_entry(cache, "venvs/many", age_s=200)
+    for i in range(50):
+        (many / "lib" / f"f{i}").write_bytes(b"x" * 4096)
+    make_entry(cache, "code/aaa", age_s=100)
+    monkeypatch.setattr(cache_budget, "MEASURE_MAX_FILES", 10)
+    tight = budget(tmp_path, budget_mib=1.5)
+    tight.sweep()  # the oldest goes: the one with the long name
+    assert present(cache) == {"code/aaa", "venvs/many"}
+    # the many-file one is known by its first 10 files: less than it holds, and at once
+    index = json.loads((cache / ".index.json").read_text())
+    assert 0 < index["venvs/many"]["bytes"] < MIB
 
 
 def test_a_hold_is_its_worker_process_s_and_no_crash_leaves_one_behind(tmp_path: Path) -> None:
