@@ -28,6 +28,11 @@ PATH_OPTIONS = (
     "--extra-index-url",
 )
 ARCHIVES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar")
+# pip's parser (optparse) takes any unambiguous prefix of a long option: --requirem is
+# --requirement. A prefix of a path option's name counts as that option here.
+_LONG_PATH_OPTIONS = tuple(o for o in PATH_OPTIONS if o.startswith("--"))
+# pip joins a line that ends with a backslash to the next: each alone says nothing.
+CONTINUED = "\\"
 # A URL that is not a file of this box's (https://, git+https://, ...).
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # What follows a path in a word: extras, a marker, a URL fragment.
@@ -55,6 +60,7 @@ def raw_words(line: str) -> list[tuple[str, str]]:
             option = ""
         elif word.startswith("--"):
             name, eq, value = word.partition("=")
+            name = _long_option(name)
             if eq:
                 found.append((name, value))
             else:
@@ -67,6 +73,13 @@ def raw_words(line: str) -> list[tuple[str, str]]:
         else:
             found.append(("", word))
     return found
+
+
+def _long_option(name: str) -> str:
+    """The path option an abbreviated long option means to pip, or the name as written."""
+    if len(name) > 2 and name not in _LONG_PATH_OPTIONS:
+        return next((o for o in _LONG_PATH_OPTIONS if o.startswith(name)), name)
+    return name
 
 
 def local_path(option: str, value: str) -> str | None:
@@ -99,7 +112,10 @@ def outside(line: str, base: str = "") -> str | None:
     """The first path ``line`` names outside the package, or None. ``base``: the folder
     of the file the line is read from, relative to the package's root ("" for the root,
     pip's working folder). A requirement file's path is read from ``base``; any other
-    path may be read from either (pip tries ``--find-links`` beside the file first)."""
+    path may be read from either (pip tries ``--find-links`` beside the file first). A
+    line continued on the next is refused whole (the line itself is returned)."""
+    if line.rstrip().endswith(CONTINUED):
+        return line
     for option, value in raw_words(line):
         path = local_path(option, value)
         if path is None:
@@ -112,6 +128,12 @@ def outside(line: str, base: str = "") -> str | None:
 
 def outside_why(line: str, path: str) -> str:
     """The sentence that refuses ``line`` for naming ``path``."""
+    if path == line and line.rstrip().endswith(CONTINUED):
+        return (
+            f"requirement line {line!r} ends with a backslash: pip would join it with the "
+            "next line, and what the two name together may lie outside the code package; "
+            "write it on one line"
+        )
     return (
         f"requirement line {line!r} names {path!r}, outside the code package: a line may "
         "name only the package's own files (a relative path, without '..' out of it, "

@@ -225,6 +225,7 @@ OUTSIDE = [
     "-e /srv/someone-elses-project",
     "--find-links ../wheels",
     "-i file:///var/lib/index",
+    "--requirem /etc/hostname",  # pip takes an abbreviated option for the whole
 ]
 INSIDE = [
     "numpy>=1.26; python_version >= '3.11'",
@@ -254,6 +255,15 @@ def test_requirement_lines_naming_a_file_outside_the_package_are_refused(
             f"requirement line {line!r}" in error["msg"]
             and "outside the code package" in error["msg"]
         )
+
+
+def test_a_line_continued_on_the_next_is_refused(api: TestClient) -> None:
+    """pip joins a line ending in a backslash with the next: ``-r .\\``, ``./.\\`` and
+    ``./etc/hostname`` each stay in the package alone, and together read ../../etc."""
+    code = put(api, PACKAGE)
+    detail = refused(api, script(code, requirements=["-r .\\", "./.\\", "./etc/hostname"]))
+    assert [e["loc"][-1] for e in detail] == [0, 1]
+    assert "ends with a backslash" in detail[0]["msg"]
 
 
 def test_requirement_lines_naming_the_packages_own_files_are_accepted(api: TestClient) -> None:

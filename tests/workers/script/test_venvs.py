@@ -221,6 +221,8 @@ SECRET = "the box's own file: never in a job's reason\n"
         ({"sub/more.txt": "six\n-r ../../{name}\n"}, ["-r sub/more.txt"], "../../{name}"),
         ({}, ["-r link.txt"], "link.txt"),  # through a link in the package
         ({}, ["-e ./away"], "./away"),  # a folder, through a link
+        ({"more.txt": "-r {secret}\n"}, ["--requirem more.txt"], "{secret}"),  # abbreviated
+        ({"more.txt": "-r .\\\n./{name}\n"}, ["-r more.txt"], "-r .\\"),  # continued
     ],
 )
 def test_a_requirement_naming_a_file_outside_the_package_fails_before_pip_runs(
