@@ -85,10 +85,12 @@ async def put_blob(
     limit = settings.max_blob_bytes
     if content_length is not None and content_length > limit:
         raise BlobTooLarge(limit, MAX_BLOB_SETTING)  # refused before reading a byte
-    # Whoever may see the blob already need not send it again; anyone else proves they
-    # have the bytes by sending them.
-    seen = who.admin or await run_in_threadpool(_may_see, engine, who, digest)
-    received = await store.receive(request.stream(), digest, limit, prove=not seen)
+    # Its uploaders (and admins) need not send it again; anyone else proves they have the
+    # bytes by sending them, and becomes an uploader, who may delete it. Seeing a blob (a
+    # job of theirs uses it) is not enough: of a blob stored before uploads were recorded
+    # only an admin may delete.
+    uploaded = who.admin or await run_in_threadpool(_uploaded, engine, who, digest)
+    received = await store.receive(request.stream(), digest, limit, prove=not uploaded)
     await run_in_threadpool(_record, engine, digest, received.size, who.name)
     response.headers["Location"] = f"/api/v1/blobs/{digest}"
     if not received.created:
@@ -101,6 +103,11 @@ def _record(engine: Engine, digest: str, size: int, uploader: str) -> None:
     with write_session(engine) as session:
         blob_rows.record(session, digest, size)
         blob_rows.add_upload(session, digest, uploader)
+
+
+def _uploaded(engine: Engine, who: Identity, digest: str) -> bool:
+    with read_session(engine) as session:
+        return who.name in blob_rows.uploaders(session, digest)
 
 
 def _read(engine: Engine, digest: str) -> BlobRead:

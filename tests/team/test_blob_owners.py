@@ -195,3 +195,29 @@ def test_a_blob_from_before_uploads_were_recorded_is_an_admins_to_delete(
     [event] = audited(api, "blob_deleted")
     assert event["actor"] == "admin"
     assert event["detail"] == {"bytes_removed": True, "uploaders": []}
+
+
+def test_seeing_a_blob_through_a_job_is_no_upload_of_it(api: TestClient) -> None:
+    """A user whose job uses a blob from before uploads were recorded sees it (and may
+    name it in a job again); but a PUT without its bytes does not make them its
+    uploader, who could then delete what only an admin may."""
+    alice = add_user(api, "alice")
+    data = package()
+    put(api, alice, data)
+    job = api.post("/api/v1/jobs", json=script_job(digest_of(data)), headers=bearer(alice))
+    assert job.status_code == 201, job.text
+    with write_session(api.app.state.engine) as session:  # type: ignore[attr-defined]
+        session.execute(text("DELETE FROM blob_upload"))  # as a blob stored before
+    assert sees(api, alice, digest_of(data)) == SEEN  # her job uses it
+    empty = api.put(f"{BLOBS}/{digest_of(data)}", content=b"", headers=bearer(alice))
+    assert empty.status_code == 400, empty.text  # not her upload: she must send it
+    with write_session(api.app.state.engine) as session:  # type: ignore[attr-defined]
+        assert blob_rows.uploaders(session, digest_of(data)) == []
+    api.post(f"/api/v1/jobs/{job.json()['id']}/cancel", headers=bearer(alice))
+    assert api.delete(f"{BLOBS}/{digest_of(data)}", headers=bearer(alice)).status_code in (
+        403,
+        404,
+    )
+    put(api, alice, data)  # with the bytes: hers again, to delete
+    with write_session(api.app.state.engine) as session:  # type: ignore[attr-defined]
+        assert blob_rows.uploaders(session, digest_of(data)) == ["alice"]
