@@ -3,7 +3,8 @@ job uses the blob) and the periodic sweep of what no job has used for ``blob_ttl
 
 An admin deletes a blob; a user who uploaded it deletes their upload, and its bytes go
 with the last uploader's (a blob stored before uploads were recorded has none: only an
-admin deletes it). Every delete is audited in its own transaction.
+admin deletes it). Every delete on request is audited, in the delete's transaction; the
+sweep is no one's act, and says what it removed in the API's log.
 
 Both lock the blob's row and decide again under the lock: a job attaching the blob
 updates that row, so it either waits and is then refused (no row left), or commits first

@@ -67,6 +67,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # (Refused once two owners have used one key: the global constraint cannot come back
+    # over such rows; clear one of them first.)
     op.drop_index("ux_job_owner_idempotency_key", table_name="job")
     with op.batch_alter_table("job", schema=None) as batch_op:
         batch_op.create_unique_constraint("job_idempotency_key_key", ["idempotency_key"])
