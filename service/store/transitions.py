@@ -180,6 +180,12 @@ def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None
                 error=error,
                 **_lease_ended(R.cancelled, "cancelled while running"),
             )
+        if outcome.status == S.failed and job.preempted_attempt == fence.attempt:
+            # A node of a job across boxes stopped for another job: its ranks' collective
+            # broke as the others stopped, before its worker heard of the mark. Stopped,
+            # not failed: no attempt spent.
+            message = "preempted with the rest of its nodes; resumes from its last checkpoint"
+            return _hand_back(session, fence, R.preempted, message)
         if outcome.status == S.failed and outcome.retryable:
             if outcome.own and own > job.retries_on_error:  # the same code fails again
                 message = retries.noted(message, retries.own_note(own, job.retries_on_error))
@@ -234,27 +240,30 @@ def release_attempt(
     engine: Engine, fence: Fence, reason_code: ReasonCode, message: str
 ) -> Job | None:
     """Give a running job back to the queue without spending an attempt (worker shutdown)."""
-    now = utcnow()
-    off_worker = {"worker_id": None, "assigned_devices": None}
     with write_session(engine) as session:
+        return _hand_back(session, fence, reason_code, message)
+
+
+def _hand_back(session: Session, fence: Fence, reason_code: ReasonCode, message: str) -> Job | None:
+    off_worker = {"worker_id": None, "assigned_devices": None}
+    done = _transition(
+        session,
+        fence.job_id,
+        S.queued,
+        *fenced(fence),
+        run_after=None,
+        **_lease_ended(reason_code, message, **off_worker),
+    )
+    if done is None:  # cancel asked meanwhile: honour it rather than requeue
         done = _transition(
             session,
             fence.job_id,
-            S.queued,
+            S.cancelled,
             *fenced(fence),
-            run_after=None,
-            **_lease_ended(reason_code, message, **off_worker),
+            finished_at=utcnow(),
+            **_lease_ended(R.cancelled, "cancelled while running", **off_worker),
         )
-        if done is None:  # cancel asked meanwhile: honour it rather than requeue
-            done = _transition(
-                session,
-                fence.job_id,
-                S.cancelled,
-                *fenced(fence),
-                finished_at=now,
-                **_lease_ended(R.cancelled, "cancelled while running", **off_worker),
-            )
-        return done
+    return done
 
 
 def expire_leases(engine: Engine) -> list[int]:

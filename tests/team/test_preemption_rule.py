@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, update
 
 from service import store
-from service.models import Job, JobCreate, User, utcnow
+from service.models import Job, JobCreate, JobStatus, User, utcnow
 from service.preemption import FAR_BELOW, Contender, Fits, choose, outranks
 from service.store.preemption import contenders, mark_preempted
 from workers.supervisor.gpu_share import Holding
@@ -189,3 +189,20 @@ def test_every_node_of_a_preempted_attempt_hears_of_it_as_its_lease_renews(
     )
     assert again is not None and again.fence.attempt == fence.attempt
     assert not store.renew_lease(engine, [again.fence], 30)[fence.job_id].preempted
+
+
+def test_a_node_that_fails_as_its_preempted_gang_stops_hands_the_job_back(engine: Engine) -> None:
+    """A script's ranks on another node see their collective break as the marked node
+    stops, before their worker hears of the mark: that failure spends no attempt."""
+    submit(engine, "admin")
+    claimed = store.claim_job(
+        engine, worker_id="w", free_devices=1, accelerator="cpu", recipes=["r"], lease_s=30
+    )
+    assert claimed is not None
+    assert mark_preempted(engine, claimed.fence, job(99, LIGHT))
+    broke = store.Outcome(
+        JobStatus.failed, "error", "Connection reset by peer", retryable=True, own=False
+    )
+    back = store.finish_attempt(engine, claimed.fence, broke)
+    assert back is not None
+    assert (back.status, back.attempt, back.reason_code) == ("queued", 1, "preempted")
