@@ -113,7 +113,7 @@ def test_two_boxes_train_the_weights_of_one_box_and_of_single(stack: Stack) -> N
     assert stack.http.get(f"/jobs/{job['id']}/metrics").json()
     assert done["progress"]["step"] == done["progress"]["total_steps"]
     listed = cli(stack, "ls").stdout  # the CLI's list says it spans boxes
-    assert f"{job['id']}  succeeded" in listed and "ddp    2 boxes x1" in listed, listed
+    assert f"{job['id']}  succeeded" in listed and "ddp 2 boxes x1" in listed, listed
 
 
 def test_a_killed_box_stops_the_other_within_seconds_and_the_job_resumes(stack: Stack) -> None:

@@ -212,10 +212,11 @@ def test_a_worker_killed_mid_script_resumes_from_the_checkpoint_dir(
 def test_sigterm_means_checkpoint_and_stop_and_spends_no_attempt(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """The contract for script authors: SIGTERM to the attempt's process group (the launch
-    passes it to the ranks); a script that saves and exits in the grace period goes back
-    to the queue with its attempt unspent, and resumes."""
-    stack.start_worker(kill_grace_s=30)
+    """The contract for script authors: the worker's SIGTERM to the attempt's process
+    group (here the worker stopping; a preemption sends the same) reaches the ranks
+    through the launch; a script that saves and exits in the grace period goes back to
+    the queue with its attempt unspent, and resumes."""
+    worker = stack.start_worker(kill_grace_s=30)
     job = submit_example(
         stack,
         tmp_path,
@@ -225,19 +226,37 @@ def test_sigterm_means_checkpoint_and_stop_and_spends_no_attempt(
         max_attempts=1,  # a spent attempt would fail the job
     )
     wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 1, 90, "epoch 1")
-    os.killpg(stack.runner_pgid(job["id"]), signal.SIGTERM)
-    wait_for(
-        lambda: (
-            (stack.job(job["id"])["reason"] or {}).get("code") == "preempted"
-            or stack.job(job["id"])["status"] != "running"
-        ),
-        60,
-        "the job to be handed back",
-    )
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0
+    back = stack.job(job["id"])
+    assert (back["status"], back["reason"]["code"]) == ("queued", "worker_shutdown"), back
+    stack.start_worker(kill_grace_s=30)
     done = stack.wait_status(job["id"], {"succeeded", "failed"})
     assert done["status"] == "succeeded" and done["attempt"] == 1, done
     lines = texts(stack, job["id"])
-    assert any("preempted: the script" in t and "after SIGTERM" in t for t in lines), lines
+    assert any("Resuming training from snapshot" in t for t in lines), lines
+
+
+def test_a_sigterm_its_worker_did_not_send_spends_an_attempt(stack: Stack, tmp_path: Path) -> None:
+    """A SIGTERM from elsewhere (the job's own code may send one to its group): the script
+    saves and stops as it would for its worker, and is retried from there, but an
+    attempt is spent; handed back free, a job signalling itself ran again at once, for
+    ever."""
+    stack.start_worker(kill_grace_s=30)
+    job = submit_example(
+        stack,
+        tmp_path,
+        ["python", "torchrun_resume/train.py", "--epochs", "5", "--step-delay", "0.05"],
+        strategy="ddp",
+        devices=2,
+        max_attempts=2,
+    )
+    wait_for(lambda: (stack.job(job["id"])["progress"] or {}).get("epoch", 0) >= 1, 90, "epoch 1")
+    os.killpg(stack.runner_pgid(job["id"]), signal.SIGTERM)
+    done = stack.wait_status(job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done
+    lines = texts(stack, job["id"])
+    assert any("stopped by a SIGTERM its worker did not send" in t for t in lines), lines
     assert any("Resuming training from snapshot" in t for t in lines), lines
 
 
