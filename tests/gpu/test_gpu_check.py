@@ -106,14 +106,12 @@ def test_junit_outcomes_become_node_ids(tmp_path: Path) -> None:
 
 
 @no_gpu_here
-@pytest.mark.slow
-# A whole pytest collection and a benchmark in subprocesses: ~95 s alone on a slow
-# 2-core box, and past the default 300 s there beside the rest of the suite.
-@pytest.mark.timeout(900)
 def test_the_rehearsal_takes_the_whole_path_and_prints_one_table() -> None:
-    """The selection and the benchmark's one-device mode on one CPU slot (2 s a side,
-    epochs of 32 steps: a check of the path, not a figure)."""
-    done = check("--rehearse", "--seconds", "2", "--turn", "0.25", "--samples", "8192")
+    """The selection, its verdicts and the table, as `make gpu-check` prints them. Without
+    the benchmark (``--no-bench``): its one-device mode on CPU measured nothing a test
+    could hold (this box's speed swings), and cost two minutes of the suite; its rows are
+    ``bench_row``'s, tested below, and `make gpu-check` runs it on a GPU box."""
+    done = check("--rehearse", "--no-bench")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = done.stdout[done.stdout.index("## gpu-check: rehearsal on CPU") :].splitlines()
     header = table[1]
@@ -122,20 +120,13 @@ def test_the_rehearsal_takes_the_whole_path_and_prints_one_table() -> None:
     rows = {
         line[:at].strip(): (line[at:fig].strip(), line[fig:].strip()) for line in table[2:] if line
     }
-    assert list(rows)[: len(CHECKS) + 2] == ["GPUs, driver, torch", *CHECKS, OTHER]
+    assert list(rows) == ["GPUs, driver, torch", *CHECKS, OTHER]
     assert rows["GPUs, driver, torch"] == (
         "rehearsal",
         f"no GPU used; torch {torch.__version__}, CUDA {torch.version.cuda}",
     )
     for name in CHECKS:
         assert rows[name][0] == SKIPPED, rows
-    for strategy in ("single", "dp(1)", "ddp(1)"):
-        result, figure = rows[f"overhead {strategy} on cpu"]
-        # This box's speed swings with its other work: a rehearsal may measure nothing,
-        # and says so (on a GPU box that fails the check).
-        assert result in ("measured", "not measured"), rows
-        if result == "measured":
-            assert SPEEDS.match(figure), figure
 
 
 SPEEDS = re.compile(r"[\d,]+ vs bare [\d,]+ samples/s: [\d.]+x \([\d.]+-[\d.]+, \d+ rounds\)")
