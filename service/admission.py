@@ -53,8 +53,11 @@ async def admit(
     catalogs: CatalogCache,
     settings: Settings,
     blobs: BlobStore,
+    idempotency_key: str | None = None,
 ) -> Admitted:
-    """Refuse a spec ``who`` may not enqueue; else why it waits, and the queued limit."""
+    """Refuse a spec ``who`` may not enqueue; else why it waits, and the queued limit.
+    With an ``idempotency_key`` the queued limit is left to the insert, which answers a
+    retry with its job before it counts."""
     users.check_spec_rights(who, spec)
     _check_database(engine, spec)
     reason = catalogs.check_cached(spec)
@@ -68,7 +71,7 @@ async def admit(
     queue_limit = users.queue_limit(own_limits, who.name, settings)
     if spec.code is not None:  # its own code and data: stored, and the package safe
         # (data without code was refused with the catalog's check of the spec's shape)
-        if queue_limit is not None:  # a full queue is said before the costly check
+        if queue_limit is not None and idempotency_key is None:  # said before the costly check
             await to_thread.run_sync(_check_queue_quota, engine, who.name, queue_limit)
         limits = PackageLimits.from_settings(settings)
         await to_thread.run_sync(_check_inputs, engine, blobs, limits, spec, who)

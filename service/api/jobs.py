@@ -122,7 +122,13 @@ async def submit_job(
 ) -> JobRead:
     """Validate a job spec against the recipe catalog and enqueue it."""
     admitted = await admit(
-        spec, who, engine=engine, catalogs=catalogs, settings=settings, blobs=blobs
+        spec,
+        who,
+        engine=engine,
+        catalogs=catalogs,
+        settings=settings,
+        blobs=blobs,
+        idempotency_key=idempotency_key,
     )
     if idempotency_key is None and spec.code is None:
         job = await store.enqueue_job(

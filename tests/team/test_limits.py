@@ -140,6 +140,26 @@ def test_a_retry_at_the_limit_gets_its_job_back(team: Settings, engine: Engine) 
         assert other.status_code == 429, other.text
 
 
+def test_a_retry_of_a_script_job_at_the_limit_gets_its_job_back(
+    team: Settings, engine: Engine
+) -> None:
+    """The same for a job with its own code, whose queued limit is also counted before
+    its inputs are checked: not for a retry, which the insert answers with its job."""
+    from tests.team.test_blob_owners import digest_of, package, put, script_job
+
+    capped = team.model_copy(update={"max_queued_jobs_per_user": 1})
+    with TestClient(create_app(capped, engine)) as api:
+        carol = add_user(api, "carol")
+        put(api, carol, package())
+        spec = script_job(digest_of(package()))
+        first = api.post(JOBS, json=spec, headers={**bearer(carol), "Idempotency-Key": "a"})
+        assert first.status_code == 201, first.text
+        again = api.post(JOBS, json=spec, headers={**bearer(carol), "Idempotency-Key": "a"})
+        assert again.status_code == 201 and again.json()["id"] == first.json()["id"], again.text
+        other = api.post(JOBS, json=spec, headers={**bearer(carol), "Idempotency-Key": "b"})
+        assert other.status_code == 429, other.text
+
+
 def test_the_queued_limit_holds_for_concurrent_store_submits(engine: Engine) -> None:
     """The store's own rule, 100 submits from 16 threads: exactly the limit is inserted,
     whether a submit is batched or not; the rest are told the count and the limit."""
