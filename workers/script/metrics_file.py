@@ -6,7 +6,9 @@ A line is an object with an integer ``step`` and named numbers, plus optional ``
 
     {"step": 120, "epoch": 1, "total_steps": 900, "train/loss": 0.31, "val/accuracy": 0.9}
 
-A malformed line is logged and skipped; a value that is null or not finite (NaN,
+A line without ``epoch``, ``epochs`` or ``total_steps`` is where the last line that said
+them left it (a script that reports a metric alone does not send the job back to epoch
+0). A malformed line is logged and skipped; a value that is null or not finite (NaN,
 Infinity: Python's json writes them) is stored as null.
 """
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 # Keys that say where the job is; every other key is a metric.
 POSITION = ("step", "epoch", "epochs", "total_steps", "time")
+CARRIED = ("epoch", "epochs", "total_steps")  # a line that leaves them out keeps the last
 MAX_LINE_BYTES = 64 * 1024
 MAX_INT = 2**31 - 1  # steps and epochs are INTEGER columns
 
@@ -45,6 +48,7 @@ class MetricsFile:
         self.rate = StepRate(min_steps=1)  # for the ETA
         self.skipped = 0
         self.latest: dict[str, float | None] = {}  # each metric's last value
+        self.position: dict[str, Any] = {}  # the last epoch, epochs, total_steps said
 
     def poll(self) -> int:
         """Store the points of every complete new line; returns how many lines were read."""
@@ -78,11 +82,15 @@ class MetricsFile:
             if len(raw) > MAX_LINE_BYTES:
                 raise ValueError(f"longer than {MAX_LINE_BYTES} bytes")
             line = json.loads(raw)
+            if isinstance(line, dict):
+                said = {k: line[k] for k in CARRIED if line.get(k) is not None}
+                line = {**line, **{k: v for k, v in self.position.items() if k not in said}}
             points, progress = parse(line, now=time.time())
         except ValueError as exc:
             self.skipped += 1
             log.warning("metrics file: line skipped (%s): %.200r", exc, raw)
             return
+        self.position.update(said)  # (a dict: parse refused anything else)
         for point in points:
             self.latest[point.name] = point.value
             self.sink.put_nowait(point)

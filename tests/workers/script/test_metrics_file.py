@@ -41,18 +41,21 @@ def test_lines_become_points_and_progress(tmp_path: Path) -> None:
     assert follower.poll() == 2
     assert points.metrics() == [
         ("train/loss", 10, 1, 0.5),
-        ("val/accuracy", 20, 0, 0.9),
-        ("loss", 20, 0, None),  # NaN: stored as null
-        ("big", 20, 0, None),  # inf
+        ("val/accuracy", 20, 1, 0.9),  # no epoch said: still the last one's
+        ("loss", 20, 1, None),  # NaN: stored as null
+        ("big", 20, 1, None),  # inf
     ]
     first = points.progress()[0]
     assert (first.epoch, first.epochs, first.step, first.total_steps, first.loss) == (
         1, 3, 10, 30, 0.5,
     )  # fmt: skip
+    # a line that says only a metric leaves the job where it was, not at epoch 0 of 0
+    second = points.progress()[1]
+    assert (second.epoch, second.epochs, second.step, second.total_steps) == (1, 3, 20, 30)
     with open(path, "a") as f:
         f.write("}\n")
     assert follower.poll() == 1
-    assert points.metrics()[-1] == ("train/loss", 30, 0, 0.2)
+    assert points.metrics()[-1] == ("train/loss", 30, 1, 0.2)
     assert follower.final() == {"train/loss": 0.2, "val/accuracy": 0.9}
 
 
@@ -119,7 +122,7 @@ def test_the_helper_writes_what_the_follower_reads(tmp_path: Path) -> None:
     assert points.metrics() == [
         ("train/loss", 3, 1, 0.25),
         ("val/x", 3, 1, None),
-        ("loss", 4, 0, 1.0),
+        ("loss", 4, 1, 1.0),  # the epoch the last line said
     ]
     # outside Trainyard the helper does nothing (and needs nothing)
     subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(JOB_PATH)}, check=True)
