@@ -17,9 +17,12 @@ from typer.models import CommandInfo
 from service.cli import (  # noqa: F401  (each registers its commands)
     artifacts,
     blobs,
+    compare,
+    export,
     jobs,
     service,
     submit,
+    sweeps,
     users,
 )
 from service.cli.app import app

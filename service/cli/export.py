@@ -1,0 +1,3 @@
+"""placeholder: filled in by its author"""
+
+from __future__ import annotations
