@@ -1,0 +1,437 @@
+"""Every SQL statement about sweeps: the new sweep, the driver's lease, a trial started
+with its job in one transaction, trials ended and pruned, the sweep cancelled or ended,
+and the reads the API shows.
+
+A driver's writes carry its fence ``(sweep id, lease token)`` and change nothing once
+its lease is gone, as a worker's writes to a job do: two API processes can never both
+start a sweep's trial ``n`` (and the unique (sweep, number) would refuse the second).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlmodel import Session, col
+
+from service import audit
+from service.audit import Action
+from service.db import read_session, write_session
+from service.errors import InvalidTransition, QueueQuotaReached, SweepNotFound
+from service.models import Job, JobCreate, JobStatus, Metric, utcnow
+from service.reasons import ReasonCode
+from service.store.submit import NewJob, QueueLimit, insert_jobs, job_row
+from service.store.transitions import cancel_in
+from service.sweeps.models import Sweep, SweepCreate, SweepStatus, SweepTrial, TrialState
+from service.users import Identity, check_may_act
+
+UNFINISHED = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
+
+
+@dataclass(frozen=True)
+class SweepFence:
+    """Proof that a driver still holds a sweep; every driver write carries one."""
+
+    sweep_id: int
+    lease_token: str
+
+
+def create_sweep(engine: Engine, spec: SweepCreate, owner: str) -> Sweep:
+    """Store a checked sweep, running; a driver picks it up on its next pass."""
+    with write_session(engine) as session:
+        sweep = Sweep(**{"owner": owner, "name": spec.name, "spec": spec.model_dump(mode="json")})
+        session.add(sweep)
+        session.flush()
+        audit.record(session, owner, Action.sweep_submitted, f"sweep {sweep.id}")
+        return sweep
+
+
+def take_sweeps(engine: Engine, driver_id: str, lease_s: float, limit: int) -> list[SweepFence]:
+    """Running sweeps no driver holds (never held, or its lease ran out), taken by this one."""
+    now = utcnow()
+    free = or_(col(Sweep.lease_expires_at).is_(None), col(Sweep.lease_expires_at) < now)
+    with read_session(engine) as session:  # most passes find none: no write lock for that
+        if (
+            session.exec(select(Sweep.id).where(Sweep.status == SweepStatus.running, free)).first()
+            is None
+        ):
+            return []
+    with write_session(engine) as session:
+        ids = session.exec(
+            select(Sweep.id)
+            .where(Sweep.status == SweepStatus.running, free)
+            .order_by(col(Sweep.id))
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        taken = []
+        for (sweep_id,) in ids:
+            token = secrets.token_hex(16)
+            done = session.exec(
+                update(Sweep)
+                .where(col(Sweep.id) == sweep_id, Sweep.status == SweepStatus.running, free)
+                .values(
+                    driver_id=driver_id,
+                    lease_token=token,
+                    lease_expires_at=now + timedelta(seconds=lease_s),
+                )
+            )
+            if done.rowcount == 1:
+                taken.append(SweepFence(sweep_id, token))
+        return taken
+
+
+def renew(engine: Engine, fence: SweepFence, lease_s: float) -> bool:
+    """Keep holding the sweep; False once it is not ours (or no longer running)."""
+    with write_session(engine) as session:
+        done = session.exec(
+            update(Sweep)
+            .where(*_held(fence))
+            .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+        )
+        return done.rowcount == 1
+
+
+def let_go(engine: Engine, fences: Sequence[SweepFence]) -> None:
+    """Hand sweeps back (a server stopping): the next driver takes them at once."""
+    if not fences:
+        return
+    with write_session(engine) as session:
+        for fence in fences:
+            session.exec(
+                update(Sweep)
+                .where(col(Sweep.id) == fence.sweep_id, Sweep.lease_token == fence.lease_token)
+                .values(driver_id=None, lease_token=None, lease_expires_at=None)
+            )
+
+
+def start_trial(
+    engine: Engine,
+    fence: SweepFence,
+    *,
+    number: int,
+    values: dict[str, Any],
+    system_attrs: dict[str, Any],
+    spec: JobCreate,
+    owner: str,
+    reason: tuple[ReasonCode, str],
+    queue_limit: QueueLimit | None,
+) -> int | None:
+    """Trial ``number``'s job and row, in one transaction; its job id. None if the lease
+    is gone; QueueQuotaReached if its owner's queue is full (nothing written)."""
+    with write_session(engine) as session:
+        if not _hold(session, fence):
+            return None
+        row = job_row(spec, reason, owner)
+        row["sweep_id"] = fence.sweep_id
+        [inserted] = insert_jobs(session, [NewJob(row, queue_limit)])
+        if isinstance(inserted, QueueQuotaReached):
+            session.rollback()
+            raise inserted
+        assert not isinstance(inserted, Exception)
+        trial = {"number": number, "job_id": inserted.id, "values": values}
+        session.add(SweepTrial(sweep_id=fence.sweep_id, system_attrs=system_attrs, **trial))
+        session.exec(
+            update(Sweep)
+            .where(col(Sweep.id) == fence.sweep_id)
+            .values(trials_started=Sweep.trials_started + 1)
+        )
+        return int(inserted.id)
+
+
+def refused_trial(
+    engine: Engine,
+    fence: SweepFence,
+    number: int,
+    values: dict[str, Any],
+    system_attrs: dict[str, Any],
+    why: str,
+) -> bool:
+    """Record trial ``number`` failed without a job: its values made a spec no worker
+    could run. False if the lease is gone."""
+    with write_session(engine) as session:
+        if not _hold(session, fence):
+            return False
+        trial = {"number": number, "values": values, "state": TrialState.failed}
+        session.add(
+            SweepTrial(
+                sweep_id=fence.sweep_id,
+                system_attrs=system_attrs,
+                message=why,
+                ended_at=utcnow(),
+                **trial,
+            )
+        )
+        session.exec(
+            update(Sweep)
+            .where(col(Sweep.id) == fence.sweep_id)
+            .values(trials_started=Sweep.trials_started + 1)
+        )
+        return True
+
+
+def end_trial(
+    engine: Engine, fence: SweepFence, number: int, state: TrialState, value: float | None
+) -> bool:
+    """Record how a trial ended (as the study was told); False if the lease is gone."""
+    with write_session(engine) as session:
+        if not _hold(session, fence):
+            return False
+        session.exec(
+            update(SweepTrial)
+            .where(col(SweepTrial.sweep_id) == fence.sweep_id, col(SweepTrial.number) == number)
+            .values(state=state, value=value, ended_at=utcnow())
+        )
+        return True
+
+
+def prune(
+    engine: Engine, fence: SweepFence, number: int, job_id: int, owner: str, why: str
+) -> bool:
+    """Stop a trial the pruner gave up on, as a cancel stops a job (its reason: pruned),
+    and record it pruned. False if the lease is gone."""
+    with write_session(engine) as session:
+        if not _hold(session, fence):
+            return False
+        job = session.get(Job, job_id)
+        if job is not None and job.status in UNFINISHED:
+            cancel_in(session, job_id, Identity(owner, admin=False), pruned=why)
+        session.exec(
+            update(SweepTrial)
+            .where(col(SweepTrial.sweep_id) == fence.sweep_id, col(SweepTrial.number) == number)
+            .values(state=TrialState.pruned, ended_at=utcnow())
+        )
+        return True
+
+
+def end_sweep(
+    engine: Engine, fence: SweepFence, status: SweepStatus, reason: tuple[str, str]
+) -> bool:
+    """The driver ends the sweep (finished, or failed); False if the lease is gone."""
+    with write_session(engine) as session:
+        done = session.exec(
+            update(Sweep)
+            .where(*_held(fence))
+            .values(
+                status=status,
+                reason_code=reason[0],
+                reason_message=reason[1],
+                finished_at=utcnow(),
+                driver_id=None,
+                lease_token=None,
+                lease_expires_at=None,
+            )
+        )
+        return done.rowcount == 1
+
+
+def cancel_sweep(engine: Engine, sweep_id: int, by: Identity) -> Sweep:
+    """End a running sweep and cancel every unfinished trial, in one transaction: no
+    driver can start another once it commits. Idempotent; a finished sweep is refused."""
+    with write_session(engine) as session:
+        sweep = session.get(Sweep, sweep_id, with_for_update=True)
+        if sweep is None:
+            raise SweepNotFound(sweep_id)
+        check_may_act(by, sweep.owner, f"sweep {sweep_id}")
+        if sweep.status == SweepStatus.cancelled:
+            return sweep
+        if sweep.status != SweepStatus.running:
+            raise InvalidTransition(f"sweep {sweep_id} already {sweep.status}; nothing to cancel")
+        open_jobs = session.exec(
+            select(Job.id).where(Job.sweep_id == sweep_id, col(Job.status).in_(UNFINISHED))
+        ).all()
+        for (job_id,) in open_jobs:
+            cancel_in(session, job_id, by)
+        sweep.status = SweepStatus.cancelled
+        sweep.reason_code = ReasonCode.cancelled
+        sweep.reason_message = f"cancelled by {by.name}"
+        sweep.finished_at = utcnow()
+        sweep.driver_id = sweep.lease_token = sweep.lease_expires_at = None
+        session.add(sweep)
+        audit.record(session, by.name, Action.sweep_cancelled, f"sweep {sweep_id}")
+        session.flush()
+        return sweep
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """A trial with its job's standing, as the driver and the API read it (a trial with
+    no job: status None, its message the reason)."""
+
+    number: int
+    job_id: int | None
+    values: dict[str, Any]
+    system_attrs: dict[str, Any]
+    state: TrialState
+    value: float | None
+    message: str | None
+    job_status: JobStatus | None
+    reason_code: str | None
+    reason_message: str | None
+    progress: dict[str, Any] | None
+
+
+def trials(session: Session, sweep_id: int, numbers: Sequence[int] | None = None) -> list[TrialRow]:
+    """A sweep's trials by number (only ``numbers``, if given), each with its job's status."""
+    # (mypy gives up on the overloads of a select of eleven columns: misc, ignored)
+    query = (
+        select(  # type: ignore[misc]
+            SweepTrial.number,
+            SweepTrial.job_id,
+            SweepTrial.values,
+            SweepTrial.system_attrs,
+            SweepTrial.state,
+            SweepTrial.value,
+            SweepTrial.message,
+            Job.status,
+            Job.reason_code,
+            Job.reason_message,
+            Job.progress,
+        )
+        .outerjoin(Job, col(Job.id) == SweepTrial.job_id)
+        .where(col(SweepTrial.sweep_id) == sweep_id)
+        .order_by(col(SweepTrial.number))
+    )
+    if numbers is not None:
+        query = query.where(col(SweepTrial.number).in_(list(numbers)))
+    return [TrialRow(*row) for row in session.exec(query).all()]
+
+
+def unfinished_jobs(session: Session, sweep_id: int) -> int:
+    """The sweep's jobs that are queued, running or stopping: what max_parallel bounds."""
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.sweep_id == sweep_id, col(Job.status).in_(UNFINISHED))
+        ).one()[0]
+    )
+
+
+def points(
+    session: Session, job_ids: Sequence[int], metric: str, after_seq: int = 0
+) -> list[tuple[int, int, int, float | None, int]]:
+    """The jobs' points of one metric (job id, step, epoch, value, seq), after a seq."""
+    if not job_ids:
+        return []
+    rows = session.exec(
+        select(Metric.job_id, Metric.step, Metric.epoch, Metric.value, Metric.seq)
+        .where(
+            and_(
+                col(Metric.job_id).in_(list(job_ids)),
+                Metric.name == metric,
+                col(Metric.seq) > after_seq,
+            )
+        )
+        .order_by(col(Metric.job_id), col(Metric.step))
+    ).all()
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+
+def metric_summary(
+    session: Session, job_ids: Sequence[int], metric: str
+) -> dict[int, tuple[float | None, float | None, float | None, int]]:
+    """Per job, its points of one metric: (last value, min, max, step of the last)."""
+    if not job_ids:
+        return {}
+    ends = (
+        select(
+            Metric.job_id,
+            func.max(Metric.step).label("step"),
+            func.min(Metric.value).label("low"),
+            func.max(Metric.value).label("high"),
+        )
+        .where(col(Metric.job_id).in_(list(job_ids)), Metric.name == metric)
+        .group_by(col(Metric.job_id))
+        .subquery()
+    )
+    rows = session.exec(
+        select(ends.c.job_id, Metric.value, ends.c.low, ends.c.high, ends.c.step).join(
+            Metric,
+            and_(
+                col(Metric.job_id) == ends.c.job_id,
+                col(Metric.step) == ends.c.step,
+                Metric.name == metric,
+            ),
+        )
+    ).all()
+    return {job_id: (last, low, high, step) for job_id, last, low, high, step in rows}
+
+
+def job_counts(session: Session, sweep_id: int) -> dict[tuple[JobStatus, bool], int]:
+    """How many of the sweep's jobs are in each status ((status, pruned) -> count)."""
+    pruned = Job.reason_code == ReasonCode.pruned
+    rows = session.exec(
+        select(Job.status, pruned, func.count())
+        .where(Job.sweep_id == sweep_id)
+        .group_by(col(Job.status), pruned)
+    ).all()
+    return {(status, bool(was_pruned)): int(n) for status, was_pruned, n in rows}
+
+
+def refused_count(session: Session, sweep_id: int) -> int:
+    """Trials that never had a job (their spec was refused)."""
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(SweepTrial)
+            .where(col(SweepTrial.sweep_id) == sweep_id, col(SweepTrial.job_id).is_(None))
+        ).one()[0]
+    )
+
+
+def best_number(session: Session, sweep_id: int, lowest: bool) -> int | None:
+    """The complete trial with the best value (lowest or highest), if any."""
+    order = col(SweepTrial.value).asc() if lowest else col(SweepTrial.value).desc()
+    row = session.exec(
+        select(SweepTrial.number)
+        .where(
+            col(SweepTrial.sweep_id) == sweep_id,
+            SweepTrial.state == TrialState.complete,
+            col(SweepTrial.value).is_not(None),
+        )
+        .order_by(order, col(SweepTrial.number))
+        .limit(1)
+    ).first()
+    return None if row is None else int(row[0])
+
+
+def get_sweep(session: Session, sweep_id: int) -> Sweep:
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise SweepNotFound(sweep_id)
+    return sweep
+
+
+def list_sweeps(
+    session: Session, *, status: SweepStatus | None, owner: str | None, limit: int, offset: int
+) -> tuple[list[Sweep], int]:
+    """Newest first, with the total matching count."""
+    query = select(Sweep)
+    count = select(func.count()).select_from(Sweep)
+    if status is not None:
+        query, count = query.where(Sweep.status == status), count.where(Sweep.status == status)
+    if owner is not None:
+        query, count = query.where(Sweep.owner == owner), count.where(Sweep.owner == owner)
+    rows = session.exec(query.order_by(col(Sweep.id).desc()).limit(limit).offset(offset))
+    return list(rows.scalars()), int(session.exec(count).one()[0])
+
+
+def _held(fence: SweepFence) -> list[Any]:
+    return [
+        col(Sweep.id) == fence.sweep_id,
+        Sweep.lease_token == fence.lease_token,
+        Sweep.status == SweepStatus.running,
+        col(Sweep.lease_expires_at) > utcnow(),
+    ]
+
+
+def _hold(session: Session, fence: SweepFence) -> bool:
+    """Lock the sweep's row if this driver still holds it (the sweep's cancel takes the
+    same lock, so a trial is never started after it)."""
+    held = session.exec(select(Sweep.id).where(*_held(fence)).with_for_update()).first()
+    return held is not None

@@ -1,0 +1,343 @@
+"""The sweep driver: each API process runs one, and it drives the running sweeps it holds
+a lease on (at most one driver per sweep). Every ``DRIVE_INTERVAL_S`` it takes sweeps no
+one holds, then for each: reads how its open trials stand, tells the study their new
+points and prunes the ones it gives up on, records the trials that ended, starts new
+ones up to ``max_parallel`` and ``max_trials``, and ends the sweep when all have ended.
+
+Nothing is only in memory: the study is rebuilt from the rows when a driver takes a
+sweep, a trial's job and row are written in one transaction, and every write carries the
+lease's fence. A driver that dies (the API killed) loses its leases after ``LEASE_S``;
+one stopped cleanly hands them back at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Engine
+
+from service import users
+from service.catalog import CatalogCache
+from service.db import read_session
+from service.errors import QueueQuotaReached, SpecInvalid
+from service.models import JobStatus
+from service.reasons import ReasonCode
+from service.settings import Settings
+from service.store import sweeps as store
+from service.store.sweeps import SweepFence, TrialRow
+from service.sweeps.models import Mode, Resource, SweepCreate, SweepStatus, TrialState
+from service.sweeps.space import trial_spec
+
+log = logging.getLogger(__name__)
+
+DRIVE_INTERVAL_S = 0.5  # how often a driver looks at its sweeps
+LEASE_S = 15.0  # a driver that stops renewing loses its sweeps after this
+RENEW_AFTER_S = 5.0  # renewed this often (not every pass: SQLite has one writer)
+MAX_SWEEPS_PER_DRIVER = 64
+# A sweep whose first trials all fail stops: the rest would fail the same way.
+FAILED_TRIALS_TO_STOP = 3
+ENDED = (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+Point = tuple[int, int, float | None]  # a metric point: step, epoch, value
+
+
+@dataclass
+class Held:
+    """A sweep this driver holds, and what it keeps of it between passes."""
+
+    fence: SweepFence
+    spec: SweepCreate
+    owner: str
+    target: int  # trials it starts in all
+    study: Any  # service.sweeps.search.Study (imported when first needed: it imports Optuna)
+    started: int
+    renewed_at: float
+    open: dict[int, int] = field(default_factory=dict)  # trial number -> job id, job not ended
+    seen_seq: dict[int, int] = field(default_factory=dict)  # job id -> last metric point read
+    last: dict[int, float | None] = field(default_factory=dict)  # number -> last value
+    ended: dict[TrialState, int] = field(default_factory=dict)
+    pending: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # asked, not started
+
+
+class Driver:
+    """One API process's sweep driver."""
+
+    def __init__(self, engine: Engine, settings: Settings, catalogs: CatalogCache) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.catalogs = catalogs
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.held: dict[int, Held] = {}
+
+    def drive(self) -> None:
+        """One pass over the sweeps: take free ones, then move each along."""
+        room = MAX_SWEEPS_PER_DRIVER - len(self.held)
+        if room > 0:
+            for fence in store.take_sweeps(self.engine, self.id, LEASE_S, room):
+                held = self._load(fence)
+                if held is not None:
+                    self.held[fence.sweep_id] = held
+        for sweep_id, held in list(self.held.items()):
+            try:
+                keep = self._step(held)
+            except Exception:  # the database may be down a while: the lease decides
+                log.exception("sweep %d: pass failed", sweep_id)
+                keep = time.monotonic() - held.renewed_at < LEASE_S
+            if not keep:
+                del self.held[sweep_id]
+
+    def close(self) -> None:
+        """Hand every held sweep back, for the next driver to take at once."""
+        store.let_go(self.engine, [h.fence for h in self.held.values()])
+        self.held.clear()
+
+    def _load(self, fence: SweepFence) -> Held | None:
+        """The sweep's spec and trials, and its study rebuilt from them."""
+        from service.sweeps.search import PastTrial, Study  # Optuna: when first needed
+
+        with read_session(self.engine) as session:
+            sweep = store.get_sweep(session, fence.sweep_id)
+            rows = store.trials(session, fence.sweep_id)
+            jobs = [r.job_id for r in rows if r.job_id is not None]
+            points = store.points(session, jobs, sweep.spec["metric"])
+        spec = SweepCreate.model_validate(sweep.spec)
+        by_job: dict[int, list[Point]] = {}
+        seen: dict[int, int] = {}
+        for job_id, step, epoch, value, seq in points:
+            by_job.setdefault(job_id, []).append((step, epoch, value))
+            seen[job_id] = max(seen.get(job_id, 0), seq)
+        past = [
+            PastTrial(
+                values=r.values,
+                system_attrs=r.system_attrs,
+                state=r.state,
+                value=r.value,
+                intermediate=_intermediate(spec, by_job.get(r.job_id or 0, [])),
+            )
+            for r in rows
+        ]
+        held = Held(
+            fence=fence,
+            spec=spec,
+            owner=sweep.owner,
+            target=_target(spec),
+            study=Study(spec, past),
+            started=len(rows),
+            renewed_at=time.monotonic(),
+            seen_seq=seen,
+        )
+        for r in rows:
+            if r.job_id is not None and (
+                r.state == TrialState.running or r.job_status not in ENDED
+            ):
+                held.open[r.number] = r.job_id
+            else:
+                held.ended[r.state] = held.ended.get(r.state, 0) + 1
+            held.last[r.number] = _last(by_job.get(r.job_id or 0, []))
+        log.info("sweep %d: driving it (%d trials so far)", fence.sweep_id, len(rows))
+        return held
+
+    def _step(self, held: Held) -> bool:
+        """Move one sweep along; False once this driver no longer holds it."""
+        if time.monotonic() - held.renewed_at >= RENEW_AFTER_S:
+            if not store.renew(self.engine, held.fence, LEASE_S):
+                log.info("sweep %d: no longer ours (ended, or taken over)", held.fence.sweep_id)
+                return False
+            held.renewed_at = time.monotonic()
+        if not self._watch(held):
+            return False
+        if self._end_if_done(held):
+            return False
+        return self._start_trials(held)
+
+    def _watch(self, held: Held) -> bool:
+        """Read the open trials and their new points: prune, and record those that ended."""
+        if not held.open:
+            return True
+        spec = held.spec
+        with read_session(self.engine) as session:
+            rows = store.trials(session, held.fence.sweep_id, list(held.open))
+            jobs = [r.job_id for r in rows if r.job_id is not None]
+            after = min((held.seen_seq.get(j, 0) for j in jobs), default=0)
+            fresh = store.points(session, jobs, spec.metric, after)
+        new: dict[int, list[Point]] = {}
+        for job_id, step, epoch, value, seq in fresh:
+            if seq > held.seen_seq.get(job_id, 0):
+                new.setdefault(job_id, []).append((step, epoch, value))
+                held.seen_seq[job_id] = seq
+        for row in rows:
+            assert row.job_id is not None  # open trials have jobs
+            points = new.get(row.job_id, [])
+            if points:
+                held.last[row.number] = _last(points)
+            watched = row.state == TrialState.running and row.job_status == JobStatus.running
+            if watched and not self._report(held, row, points):
+                return False
+            if row.job_status in ENDED:
+                if row.state == TrialState.running and not self._end_trial(held, row):
+                    return False
+                del held.open[row.number]
+        return True
+
+    def _report(self, held: Held, row: TrialRow, points: list[Point]) -> bool:
+        """Tell the study a running trial's new points; prune it if the pruner says so."""
+        spec = held.spec
+        if spec.pruner is None or not points:
+            return True
+        assert row.job_id is not None  # a running trial has a job
+        at_points = _intermediate(spec, points)
+        if not held.study.report(row.number, at_points.items()):
+            return True
+        at = max(at_points)
+        why = (
+            f"pruned by the sweep's {spec.pruner.type} pruner at {spec.pruner.resource} {at}: "
+            f"{spec.metric} {at_points[at]:.4g} trails the other trials there"
+        )
+        if not store.prune(self.engine, held.fence, row.number, row.job_id, held.owner, why):
+            return False
+        held.study.end(row.number, TrialState.pruned, None)
+        held.ended[TrialState.pruned] = held.ended.get(TrialState.pruned, 0) + 1
+        log.info("sweep %d: trial %d (job %d) %s", held.fence.sweep_id, row.number, row.job_id, why)
+        return True
+
+    def _end_trial(self, held: Held, row: TrialRow) -> bool:
+        """A trial whose job ended: complete with its last value, pruned, or failed."""
+        value = held.last.get(row.number)
+        if row.job_status == JobStatus.succeeded and value is not None:
+            state = TrialState.complete
+        elif row.job_status == JobStatus.cancelled and row.reason_code == ReasonCode.pruned:
+            state = TrialState.pruned
+        else:  # failed, cancelled by a person, or never reported the metric
+            state, value = TrialState.failed, None
+        if not store.end_trial(self.engine, held.fence, row.number, state, value):
+            return False
+        held.study.end(row.number, state, value)
+        held.ended[state] = held.ended.get(state, 0) + 1
+        return True
+
+    def _end_if_done(self, held: Held) -> bool:
+        """End the sweep when every trial has ended, or its first ones all failed."""
+        failed = held.ended.get(TrialState.failed, 0)
+        complete = held.ended.get(TrialState.complete, 0)
+        if failed >= FAILED_TRIALS_TO_STOP and complete == 0:
+            status = SweepStatus.failed
+            reason = (ReasonCode.error, f"its first {failed} trials failed, none succeeded")
+            for number, job_id in list(held.open.items()):  # stop the rest: they would too
+                store.prune(self.engine, held.fence, number, job_id, held.owner, reason[1])
+        elif held.started >= held.target and not held.open:
+            status, reason = SweepStatus.finished, (ReasonCode.succeeded, _summary(held))
+        else:
+            return False
+        if store.end_sweep(self.engine, held.fence, status, reason):
+            log.info("sweep %d: %s: %s", held.fence.sweep_id, status, reason[1])
+        return True
+
+    def _start_trials(self, held: Held) -> bool:
+        """Start trials while fewer than max_parallel are unfinished."""
+        while held.started < held.target and len(held.open) < held.spec.max_parallel:
+            if held.pending is None:
+                held.pending = held.study.ask()
+            number, values, attrs = held.pending
+            started = self._start(held, number, values, attrs)
+            if started is None:
+                return False
+            if started is False:
+                return True  # its owner's queue is full: the next pass tries again
+            held.pending = None
+            held.started += 1
+        return True
+
+    def _start(
+        self, held: Held, number: int, values: dict[str, Any], attrs: dict[str, Any]
+    ) -> bool | None:
+        """Trial ``number``'s job; False if it must wait, None if the lease is gone."""
+        try:
+            spec = trial_spec(held.spec, values, number)
+            reason = self.catalogs.check(self.engine, spec)
+        except (ValidationError, SpecInvalid) as refused:
+            return self._refused(held, number, values, attrs, refused)
+        limits = users.OWN_LIMITS.get(self.engine)
+        queue_limit = users.queue_limit(limits, held.owner, self.settings)
+        try:
+            job_id = store.start_trial(
+                self.engine,
+                held.fence,
+                number=number,
+                values=values,
+                system_attrs=attrs,
+                spec=spec,
+                owner=held.owner,
+                reason=reason,
+                queue_limit=queue_limit,
+            )
+        except QueueQuotaReached:
+            return False
+        if job_id is None:
+            return None
+        held.open[number] = job_id
+        return True
+
+    def _refused(
+        self,
+        held: Held,
+        number: int,
+        values: dict[str, Any],
+        attrs: dict[str, Any],
+        refused: Exception,
+    ) -> bool | None:
+        """A trial whose values make a spec no worker could run: recorded failed, no job."""
+        why = f"its spec was refused: {refused}"[:2000]
+        if not store.refused_trial(self.engine, held.fence, number, values, attrs, why):
+            return None
+        held.study.end(number, TrialState.failed, None)
+        held.ended[TrialState.failed] = held.ended.get(TrialState.failed, 0) + 1
+        return True
+
+
+def _target(spec: SweepCreate) -> int:
+    from service.sweeps.space import grid_size
+
+    if spec.max_trials is not None:
+        return spec.max_trials
+    return grid_size(spec)
+
+
+def _intermediate(spec: SweepCreate, points: list[Point]) -> dict[int, float]:
+    """A trial's points as the pruner counts them: by epoch or by step, the first value
+    reported at each (a val/ metric has one per epoch), finite values only."""
+    by_epoch = spec.pruner is None or spec.pruner.resource == Resource.epoch
+    out: dict[int, float] = {}
+    for step, epoch, value in points:
+        at = epoch if by_epoch else step
+        if value is not None and at not in out:
+            out[at] = value
+    return out
+
+
+def _last(points: list[Point]) -> float | None:
+    return points[-1][2] if points else None
+
+
+def _summary(held: Held) -> str:
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(held.ended.items()) if n)
+    best = _best(held)
+    said = f"; best: trial {best[0]} ({held.spec.metric} {best[1]:.6g})" if best else ""
+    return f"{held.started} trials ({counts}){said}"
+
+
+def _best(held: Held) -> tuple[int, float] | None:
+    done = [
+        (t.number, t.value)
+        for t in held.study.study.get_trials(deepcopy=False)
+        if t.state.name == "COMPLETE" and t.value is not None
+    ]
+    if not done:
+        return None
+    pick = min if held.spec.mode == Mode.min else max
+    return pick(done, key=lambda t: t[1])
