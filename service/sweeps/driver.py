@@ -176,8 +176,9 @@ class Driver:
             points = new.get(row.job_id, [])
             if points:
                 held.last[row.number] = _last(points)
-            watched = row.state == TrialState.running and row.job_status == JobStatus.running
-            if watched and not self._report(held, row, points):
+            # Every trial's points reach the study, a fast one's too: the pruner ranks
+            # a trial against the others' values at the same point.
+            if row.state == TrialState.running and not self._report(held, row, points):
                 return False
             if row.job_status in ENDED:
                 if row.state == TrialState.running and not self._end_trial(held, row):
@@ -186,13 +187,15 @@ class Driver:
         return True
 
     def _report(self, held: Held, row: TrialRow, points: list[Point]) -> bool:
-        """Tell the study a running trial's new points; prune it if the pruner says so."""
+        """Tell the study a trial's new points; prune it if the pruner says so and its job
+        still runs (one that ended is recorded as it ended)."""
         spec = held.spec
         if spec.pruner is None or not points:
             return True
         assert row.job_id is not None  # a running trial has a job
         at_points = _intermediate(spec, points)
-        if not held.study.report(row.number, at_points.items()):
+        give_up = held.study.report(row.number, at_points.items())
+        if not give_up or row.job_status != JobStatus.running:
             return True
         at = max(at_points)
         why = (
