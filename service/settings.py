@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     blob_sweep_interval_s: float = Field(
         3600.0, gt=0, description="Seconds between the API's sweeps of expired blobs."
     )
+    sweep_lease_s: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="Seconds: a sweep whose driver (an API process) stopped renewing its "
+        "lease is taken over by another after this (one stopped cleanly hands it back).",
+    )
 
     # Script jobs, on the worker.
     api_url: str | None = Field(

@@ -6,7 +6,8 @@ ones up to ``max_parallel`` and ``max_trials``, and ends the sweep when all have
 
 Nothing is only in memory: the study is rebuilt from the rows when a driver takes a
 sweep, a trial's job and row are written in one transaction, and every write carries the
-lease's fence. A driver that dies (the API killed) loses its leases after ``LEASE_S``;
+lease's fence. A driver that dies (the API killed) loses its leases after
+``sweep_lease_s``;
 one stopped cleanly hands them back at once.
 """
 
@@ -38,8 +39,9 @@ from service.sweeps.space import trial_spec
 log = logging.getLogger(__name__)
 
 DRIVE_INTERVAL_S = 0.5  # how often a driver looks at its sweeps
-LEASE_S = 15.0  # a driver that stops renewing loses its sweeps after this
-RENEW_AFTER_S = 5.0  # renewed this often (not every pass: SQLite has one writer)
+# A lease lasts Settings.sweep_lease_s, renewed every third of it (not on every pass:
+# SQLite has one writer).
+RENEW_FRACTION = 1 / 3
 MAX_SWEEPS_PER_DRIVER = 64
 # A sweep whose first trials all fail stops: the rest would fail the same way.
 FAILED_TRIALS_TO_STOP = 3
@@ -74,12 +76,13 @@ class Driver:
         self.catalogs = catalogs
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.held: dict[int, Held] = {}
+        self.lease_s = settings.sweep_lease_s
 
     def drive(self) -> None:
         """One pass over the sweeps: take free ones, then move each along."""
         room = MAX_SWEEPS_PER_DRIVER - len(self.held)
         if room > 0:
-            for fence in store.take_sweeps(self.engine, self.id, LEASE_S, room):
+            for fence in store.take_sweeps(self.engine, self.id, self.lease_s, room):
                 held = self._load(fence)
                 if held is not None:
                     self.held[fence.sweep_id] = held
@@ -88,7 +91,7 @@ class Driver:
                 keep = self._step(held)
             except Exception:  # the database may be down a while: the lease decides
                 log.exception("sweep %d: pass failed", sweep_id)
-                keep = time.monotonic() - held.renewed_at < LEASE_S
+                keep = time.monotonic() - held.renewed_at < self.lease_s
             if not keep:
                 del self.held[sweep_id]
 
@@ -145,8 +148,8 @@ class Driver:
 
     def _step(self, held: Held) -> bool:
         """Move one sweep along; False once this driver no longer holds it."""
-        if time.monotonic() - held.renewed_at >= RENEW_AFTER_S:
-            if not store.renew(self.engine, held.fence, LEASE_S):
+        if time.monotonic() - held.renewed_at >= self.lease_s * RENEW_FRACTION:
+            if not store.renew(self.engine, held.fence, self.lease_s):
                 log.info("sweep %d: no longer ours (ended, or taken over)", held.fence.sweep_id)
                 return False
             held.renewed_at = time.monotonic()
