@@ -17,6 +17,12 @@ const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2
 // (one point an epoch, say).
 const SPARSE_PX = 12;
 
+// Steps are whole: the x axis ticks at 1, 2, 5, 10, 20 … apart, never at 2.2.
+export const STEP_INCRS = Array.from(
+  { length: 30 },
+  (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3),
+);
+
 const fmt = (_u, v) => (v === null || v === undefined ? "–" : v.toPrecision(4));
 
 /** The chart a metric is drawn on: "loss" for any loss ("loss", "train/epoch_loss"; not
@@ -41,7 +47,7 @@ function coloursOf(names) {
 }
 
 /** The y axis as wide as its longest tick label (uPlot sizes axes in a few passes). */
-function yAxisWidth(u, values, axisIdx, cycleNum) {
+export function yAxisWidth(u, values, axisIdx, cycleNum) {
   const axis = u.axes[axisIdx];
   if (cycleNum > 1) return axis._size; // settle: the ticks' width no longer changes
   const labels = (values ?? []).map(String);
@@ -189,7 +195,7 @@ class GroupChart {
       scales: { x: { time: false } },
       series: [{ label: "step" }, ...series],
       // the caption names the y axis; its width follows its longest tick ("56,000")
-      axes: [{ label: "step" }, { size: yAxisWidth }],
+      axes: [{ label: "step", incrs: STEP_INCRS }, { size: yAxisWidth }],
     };
   }
 

@@ -153,6 +153,7 @@ function skeleton(id) {
     title: h("h2", {}, `Job ${id}`),
     status: h("span", { id: "job-status" }),
     owner: h("span", { class: "muted", id: "job-owner" }),
+    sweep: h("a", { id: "job-sweep", class: "sweep-link", hidden: true }),
     stream: h("span", { class: "stream-state muted", id: "stream-state" }),
     rerun: h("button", { id: "rerun-job", hidden: true }, "Rerun"),
     cancel: h("button", { id: "cancel-job", class: "danger", hidden: true }, "Cancel"),
@@ -179,6 +180,7 @@ function skeleton(id) {
       ui.title,
       ui.status,
       ui.owner,
+      ui.sweep,
       ui.stream,
       h("span", { class: "grow" }),
       ui.rerun,
@@ -209,6 +211,12 @@ function renderJob(ui, job) {
   fill(ui.status, statusBadge(job.status));
   fill(ui.owner, `by ${job.owner}`);
   ui.owner.dataset.owner = job.owner;
+  // a trial of a sweep: back to the sweep, with its other trials
+  ui.sweep.hidden = !job.sweep_id;
+  if (job.sweep_id) {
+    ui.sweep.href = `#/sweeps/${job.sweep_id}`;
+    fill(ui.sweep, `trial of sweep ${job.sweep_id}`);
+  }
   renderReason(ui.reason, job.reason);
   renderProgress(ui, job.progress, job.status);
   fill(ui.spec, pairs(specOf(job)));

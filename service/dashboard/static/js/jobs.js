@@ -1,11 +1,15 @@
 // The job list, newest first, filterable by status and owner (my jobs / everyone / one
-// user's); refreshed by polling, since a list has no event stream of its own.
+// user's); refreshed by polling, since a list has no event stream of its own. Jobs ticked
+// here open side by side in the compare view.
 
 import { api } from "./api.js";
+import { compareHash } from "./compare.js";
 import { fill, h, num, progressBar, STATUSES, statusBadge, when } from "./dom.js";
 
 const PAGE_SIZE = 50;
 const REFRESH_MS = 2000;
+// The ticked jobs, kept while the page is open: across refreshes, filters and pages.
+const ticked = new Set();
 
 export function jobsView(root, params) {
   const status = params.get("status") || "";
@@ -28,6 +32,31 @@ export function jobsView(root, params) {
   const pager = h("span", { class: "pager" });
   const notice = h("p", { class: "error", role: "alert" });
   const rows = h("tbody");
+  rows.addEventListener("change", (event) => {
+    const box = event.target;
+    if (!box.classList.contains("tick")) return;
+    const id = Number(box.value);
+    if (box.checked) ticked.add(id);
+    else ticked.delete(id);
+    showTicked();
+  });
+  const compare = h("button", { id: "compare-jobs", type: "button" });
+  const untick = h("button", { id: "untick-jobs", type: "button", class: "quiet-light" }, "clear");
+  const showTicked = () => {
+    fill(compare, `Compare${ticked.size ? ` ${ticked.size}` : ""}`);
+    compare.disabled = ticked.size < 2;
+    compare.title = ticked.size < 2 ? "Tick two or more jobs to compare them" : "";
+    untick.hidden = !ticked.size;
+  };
+  compare.addEventListener("click", () => {
+    location.hash = compareHash([...ticked].sort((a, b) => a - b));
+  });
+  untick.addEventListener("click", () => {
+    ticked.clear();
+    for (const box of rows.querySelectorAll("input.tick")) box.checked = false;
+    showTicked();
+  });
+  showTicked();
   const table = h(
     "table",
     { class: "jobs", id: "jobs", "data-loaded": "" },
@@ -55,6 +84,8 @@ export function jobsView(root, params) {
       total,
       h("span", { class: "grow" }),
       pager,
+      untick,
+      compare,
       h("a", { class: "button", href: "#/submit" }, "New job"),
     ),
     notice,
@@ -99,7 +130,19 @@ function row(job) {
   return h(
     "tr",
     { "data-job-id": job.id, "data-status": job.status },
-    h("td", {}, link(String(job.id))),
+    // the tick in the ID's cell: the columns stay as they were for people's scripts
+    h(
+      "td",
+      { class: "id" },
+      h("input", {
+        type: "checkbox",
+        class: "tick",
+        value: job.id,
+        checked: ticked.has(job.id),
+        "aria-label": `Compare job ${job.id}`,
+      }),
+      link(String(job.id)),
+    ),
     h("td", {}, link(job.name || "–")),
     h("td", { class: "owner" }, h("a", { href: jobsHash({ owner: job.owner }) }, job.owner)),
     h("td", {}, job.recipe ?? h("code", {}, (job.entrypoint ?? []).join(" "))),

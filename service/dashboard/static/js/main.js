@@ -1,18 +1,24 @@
 // The dashboard's router: the URL fragment picks a view (#/jobs, #/jobs/7, #/submit,
-// #/team).
+// #/sweeps, #/sweeps/3, #/compare?jobs=7,8, #/team).
 // A view draws itself into the main element and returns a function that stops its
 // timers and streams when another view replaces it.
 
+import { compareView } from "./compare.js";
 import { h } from "./dom.js";
 import { jobView } from "./job.js";
 import { jobsView } from "./jobs.js";
 import { mountSession } from "./session.js";
 import { submitView } from "./submit.js";
+import { sweepView } from "./sweep.js";
+import { sweepsView } from "./sweeps.js";
 import { teamView } from "./team.js";
 
 const ROUTES = [
   [/^#\/jobs\/(\d+)$/, "jobs", (root, match) => jobView(root, Number(match[1]))],
   [/^#\/jobs$/, "jobs", (root, _match, params) => jobsView(root, params)],
+  [/^#\/compare$/, "jobs", (root, _match, params) => compareView(root, params)],
+  [/^#\/sweeps\/(\d+)$/, "sweeps", (root, match) => sweepView(root, Number(match[1]))],
+  [/^#\/sweeps$/, "sweeps", (root, _match, params) => sweepsView(root, params)],
   [/^#\/submit$/, "submit", (root) => submitView(root)],
   [/^#\/team$/, "team", (root, _match, params) => teamView(root, params)],
 ];
