@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
 
 from service import blob_upkeep
-from service.api import blobs, catalog, health, jobs, prometheus, usage, users
+from service.api import blobs, catalog, health, jobs, prometheus, sweeps, usage, users
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
 from service.api.guard import RequestGuard, inline_script_hashes
@@ -29,6 +29,7 @@ from service.db import make_engine
 from service.events import JobFeeds
 from service.owner_only import hide_process
 from service.settings import Settings
+from service.sweeps.driver import DRIVE_INTERVAL_S, Driver
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,14 @@ def _guarded(settings: Settings) -> Callable[[str], bool]:
     return guarded
 
 
-API_ROUTERS = (jobs.router, catalog.router, blobs.router, users.router, usage.router)
+API_ROUTERS = (
+    jobs.router,
+    sweeps.router,
+    catalog.router,
+    blobs.router,
+    users.router,
+    usage.router,
+)
 
 
 def _route_templates() -> dict[int, str]:
@@ -79,6 +87,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.catalog = CatalogCache()
     app.state.feeds = JobFeeds(app.state.engine)
     app.state.blobs = BlobStore.from_settings(settings)
+    app.state.sweeps_wakeup = asyncio.Event()
 
     app.state.instruments = Instruments(app.state.engine, settings.fair_share_half_life_s)
     app.include_router(health.router)
@@ -120,13 +129,17 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    sweeper = asyncio.create_task(_sweep_blobs(app), name="blob sweeper")
+    tasks = [asyncio.create_task(_sweep_blobs(app), name="blob sweeper")]
+    if app.state.settings.sweep_driver:
+        tasks.append(asyncio.create_task(_drive_sweeps(app), name="sweep driver"))
     try:
         yield
     finally:
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _sweep_blobs(app: FastAPI) -> None:
@@ -139,6 +152,26 @@ async def _sweep_blobs(app: FastAPI) -> None:
             await anyio.to_thread.run_sync(blob_upkeep.sweep, app.state.engine, settings)
         except Exception:  # the database may be down for a while: try again next time
             log.exception("blob sweep failed")
+
+
+async def _drive_sweeps(app: FastAPI) -> None:
+    """Drive the sweeps this process holds (``service.sweeps.driver``): a pass every
+    ``DRIVE_INTERVAL_S``, or at once when a sweep is submitted here. Its passes run in a
+    thread (they query, and Optuna computes); at shutdown its sweeps are handed back."""
+    driver = Driver(app.state.engine, app.state.settings, app.state.catalog)
+    wakeup: asyncio.Event = app.state.sweeps_wakeup
+    try:
+        while True:
+            try:
+                await anyio.to_thread.run_sync(driver.drive)
+            except Exception:  # the database may be down for a while: try again next time
+                log.exception("sweep driver pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), DRIVE_INTERVAL_S)
+            wakeup.clear()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(anyio.to_thread.run_sync(driver.close))
 
 
 def serving_app(settings: Settings | None = None) -> FastAPI:

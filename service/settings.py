@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     blob_sweep_interval_s: float = Field(
         3600.0, gt=0, description="Seconds between the API's sweeps of expired blobs."
     )
+    sweep_driver: bool = Field(
+        True,
+        description="Whether this API process drives sweeps (starts, prunes and records "
+        "their trials); several may: each sweep is driven by one at a time.",
+    )
     sweep_lease_s: float = Field(
         15.0,
         gt=0,

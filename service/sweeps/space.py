@@ -74,8 +74,8 @@ def trial_spec(sweep: SweepCreate, values: dict[str, Any], number: int) -> JobCr
             params[name.removeprefix(PARAMS)] = value
         elif name in SWEEPABLE and not (script and name in RECIPE_ONLY):
             data[name] = value
-        elif script:  # a name of the script's own: its entrypoint and TRAINYARD_PARAMS
-            params[name] = value
+        if script:  # every value in TRAINYARD_PARAMS, a field's too
+            params[name.removeprefix(PARAMS)] = value
     if script:
         data["entrypoint"] = [_substitute(arg, values) for arg in data["entrypoint"]]
     data["params"] = params
