@@ -25,8 +25,8 @@ from service.reasons import ReasonCode as R
 from service.settings import Settings
 from service.store import Outcome
 from service.store import sweeps as sweep_store
-from service.sweeps.driver import Driver
 from service.sweeps import search  # noqa: F401  (Optuna imported before the lease clock runs)
+from service.sweeps.driver import Driver
 from service.sweeps.models import SweepCreate
 from service.sweeps.space import trial_spec
 from tests.stack import wait_for
