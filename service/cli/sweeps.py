@@ -258,16 +258,12 @@ def _sweep_file(file: Path) -> dict[str, Any]:
 
 
 def _post_sweep(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    """The created sweep; a refused file's reason printed, and exit 2 (a usage error)."""
+    """The created sweep; a refused file's reason printed, exiting as ``submit`` does."""
     try:
         response = client.post("/sweeps", json=body)
     except httpx.HTTPError as exc:
         raise unreachable(client, exc) from exc
     if response.is_error:
-        try:
-            refused(response)
-        except typer.Exit as exc:
-            code = 2 if response.status_code == 422 else exc.exit_code
-            raise typer.Exit(code) from None
+        refused(response)
     created: dict[str, Any] = response.json()
     return created
