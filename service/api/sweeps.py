@@ -79,8 +79,9 @@ def _create(engine: Engine, catalogs: CatalogCache, spec: SweepCreate, who: Iden
     metrics = None
     if job.recipe is not None and job.code is None and job.recipe in catalog.recipes:
         metrics = catalog.recipes[job.recipe].metrics
-    check(spec, lambda trial: check_spec(catalog, trial), metrics)
-    sweep = store.create_sweep(engine, spec, who.name)
+    trials = check(spec, lambda trial: check_spec(catalog, trial), metrics)
+    # stored as it will run: a grid's max_trials is its size
+    sweep = store.create_sweep(engine, spec.model_copy(update={"max_trials": trials}), who.name)
     with read_session(engine) as session:
         return read_sweep(session, sweep)
 

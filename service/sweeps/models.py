@@ -241,8 +241,12 @@ class TrialRead(SQLModel):
     status: JobStatus = Field(description="Its job's status.")
     pruned: bool = Field(description="Stopped by the pruner (its job: cancelled, pruned).")
     reason: Reason | None = None
-    last: float | None = Field(None, description="The sweep metric's last value.")
-    best: float | None = Field(None, description="Its best value (min or max, by mode).")
+    last: float | None = Field(
+        None, description="The sweep metric's last value: what trials are ranked by."
+    )
+    best: float | None = Field(
+        None, description="Its best value over the trial's run (min or max, by mode)."
+    )
     step: int | None = Field(None, description="The step of its last point of the metric.")
     progress: Progress | None = None
 
