@@ -209,10 +209,18 @@ def prune(
 
 
 def end_sweep(
-    engine: Engine, fence: SweepFence, status: SweepStatus, reason: tuple[str, str]
+    engine: Engine, fence: SweepFence, status: SweepStatus, reason: tuple[str, str], owner: str
 ) -> bool:
-    """The driver ends the sweep (finished, or failed); False if the lease is gone."""
+    """The driver ends the sweep (finished, or failed: its unfinished trials cancelled,
+    as its owner); False if the lease is gone."""
     with write_session(engine) as session:
+        if not _hold(session, fence):
+            return False
+        open_jobs = session.exec(
+            select(Job.id).where(Job.sweep_id == fence.sweep_id, col(Job.status).in_(UNFINISHED))
+        ).all()
+        for (job_id,) in open_jobs:
+            cancel_in(session, job_id, Identity(owner, admin=False))
         done = session.exec(
             update(Sweep)
             .where(*_held(fence))

@@ -140,7 +140,7 @@ class Driver:
                 r.state == TrialState.running or r.job_status not in ENDED
             ):
                 held.open[r.number] = r.job_id
-            else:
+            if r.state != TrialState.running:
                 held.ended[r.state] = held.ended.get(r.state, 0) + 1
             held.last[r.number] = _last(by_job.get(r.job_id or 0, []))
         log.info("sweep %d: driving it (%d trials so far)", fence.sweep_id, len(rows))
@@ -232,15 +232,13 @@ class Driver:
         failed = held.ended.get(TrialState.failed, 0)
         complete = held.ended.get(TrialState.complete, 0)
         if failed >= FAILED_TRIALS_TO_STOP and complete == 0:
-            status = SweepStatus.failed
+            status = SweepStatus.failed  # the rest would fail too: end_sweep cancels them
             reason = (ReasonCode.error, f"its first {failed} trials failed, none succeeded")
-            for number, job_id in list(held.open.items()):  # stop the rest: they would too
-                store.prune(self.engine, held.fence, number, job_id, held.owner, reason[1])
         elif held.started >= held.target and not held.open:
             status, reason = SweepStatus.finished, (ReasonCode.succeeded, _summary(held))
         else:
             return False
-        if store.end_sweep(self.engine, held.fence, status, reason):
+        if store.end_sweep(self.engine, held.fence, status, reason, held.owner):
             log.info("sweep %d: %s: %s", held.fence.sweep_id, status, reason[1])
         return True
 

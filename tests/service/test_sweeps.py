@@ -229,3 +229,26 @@ def test_a_sweep_is_cancelled_by_its_owner_or_an_admin_once(
     assert client.post(f"/api/v1/sweeps/{sweep_id}/cancel").status_code == 202
     assert client.get("/api/v1/sweeps/999").status_code == 404
     assert client.post("/api/v1/sweeps/999/cancel").status_code == 404
+
+
+def test_a_sweep_whose_first_trials_all_fail_stops_and_cancels_the_rest(
+    undriven: TestClient, engine: Engine, settings: Settings, add_worker: Callable[..., Any]
+) -> None:
+    add_worker()
+    body = {**GOOD, "max_trials": 10, "max_parallel": 4}
+    sweep_id = undriven.post("/api/v1/sweeps", json=body).json()["id"]
+    driver = Driver(engine, settings, CatalogCache())
+    driver.drive()
+    failed = Outcome(JobStatus.failed, R.error, "builtins.RuntimeError: no")
+    for _ in range(3):
+        claimed = store.claim_job(engine, **WORKER)
+        assert claimed is not None
+        store.finish_attempt(engine, claimed.fence, failed)
+    driver.drive()
+    done = undriven.get(f"/api/v1/sweeps/{sweep_id}").json()
+    assert done["status"] == "failed" and "first 3 trials failed" in done["reason"]["message"]
+    assert done["counts"] == {
+        "queued": 0, "running": 0, "succeeded": 0, "failed": 3, "cancelled": 1, "pruned": 0,
+        "total": 4,
+    }  # fmt: skip
+    assert not driver.held
