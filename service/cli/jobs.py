@@ -90,17 +90,20 @@ def list_jobs(
     status_: Annotated[str | None, typer.Option("--status")] = None,
     mine: Annotated[bool, typer.Option("--mine", help="Only your own jobs.")] = False,
     owner: Annotated[str | None, typer.Option(help="Only this user's jobs.")] = None,
+    sweep: Annotated[int | None, typer.Option(help="Only this sweep's trials.")] = None,
     limit: int = 20,
     as_json: Annotated[bool, typer.Option("--json", help="The API's page, as JSON.")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """List jobs, newest first: everyone's, or one user's."""
+    """List jobs, newest first: everyone's, one user's, or one sweep's trials."""
     params: dict[str, Any] = {"limit": limit}
     if status_:
         params["status"] = status_
     if mine or owner:
         params["owner"] = "me" if mine else owner
+    if sweep is not None:
+        params["sweep"] = sweep
     with connect(url, token) as client:
         _print_list(call(client, "GET", "/jobs", params=params)["items"], as_json)
 

@@ -46,6 +46,8 @@ def _details(job: dict[str, Any]) -> list[tuple[str, str]]:
     if job.get("reason"):
         rows.append(("reason", f"{job['reason']['message']} ({job['reason']['code']})"))
     rows.append(("owner", job["owner"]))
+    if job.get("sweep_id") is not None:
+        rows.append(("sweep", f"a trial of sweep {job['sweep_id']} (trainyard sweep status)"))
     if job.get("recipe"):
         rows.append(("recipe", job["recipe"]))
     if job.get("entrypoint"):
