@@ -64,6 +64,7 @@ class Held:
     seen_seq: dict[int, int] = field(default_factory=dict)  # job id -> last metric point read
     last: dict[int, float | None] = field(default_factory=dict)  # number -> last value
     ended: dict[TrialState, int] = field(default_factory=dict)
+    results: dict[int, float] = field(default_factory=dict)  # complete trials' values
     pending: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # asked, not started
 
 
@@ -142,6 +143,8 @@ class Driver:
                 held.open[r.number] = r.job_id
             if r.state != TrialState.running:
                 held.ended[r.state] = held.ended.get(r.state, 0) + 1
+            if r.state == TrialState.complete and r.value is not None:
+                held.results[r.number] = r.value
             held.last[r.number] = _last(by_job.get(r.job_id or 0, []))
         log.info("sweep %d: driving it (%d trials so far)", fence.sweep_id, len(rows))
         return held
@@ -186,7 +189,24 @@ class Driver:
             if row.job_status in ENDED:
                 if row.state == TrialState.running and not self._end_trial(held, row):
                     return False
+                if row.state == TrialState.pruned and not self._finished_anyway(held, row):
+                    return False
                 del held.open[row.number]
+        return True
+
+    def _finished_anyway(self, held: Held, row: TrialRow) -> bool:
+        """A pruned trial whose job trained to its end before the stop landed (as a late
+        cancel does): its result is whole, so it counts as complete, and may be the best.
+        (The study in memory keeps it pruned: Optuna cannot change a finished trial; a
+        study rebuilt from the rows has it complete.)"""
+        value = held.last.get(row.number)
+        if row.job_status != JobStatus.succeeded or value is None:
+            return True
+        if not store.end_trial(self.engine, held.fence, row.number, TrialState.complete, value):
+            return False
+        held.ended[TrialState.pruned] -= 1
+        held.ended[TrialState.complete] = held.ended.get(TrialState.complete, 0) + 1
+        held.results[row.number] = value
         return True
 
     def _report(self, held: Held, row: TrialRow, points: list[Point]) -> bool:
@@ -225,6 +245,8 @@ class Driver:
             return False
         held.study.end(row.number, state, value)
         held.ended[state] = held.ended.get(state, 0) + 1
+        if state == TrialState.complete and value is not None:
+            held.results[row.number] = value
         return True
 
     def _end_if_done(self, held: Held) -> bool:
@@ -336,12 +358,7 @@ def _summary(held: Held) -> str:
 
 
 def _best(held: Held) -> tuple[int, float] | None:
-    done = [
-        (t.number, t.value)
-        for t in held.study.study.get_trials(deepcopy=False)
-        if t.state.name == "COMPLETE" and t.value is not None
-    ]
-    if not done:
+    if not held.results:
         return None
-    pick = min if held.spec.mode == Mode.min else max
-    return pick(done, key=lambda t: t[1])
+    sign = 1 if held.spec.mode == Mode.min else -1  # ties: the earliest, as the API's best
+    return min(held.results.items(), key=lambda item: (sign * item[1], item[0]))

@@ -19,7 +19,7 @@ from service import store
 from service.app import create_app
 from service.catalog import CatalogCache
 from service.db import read_session
-from service.models import JobStatus
+from service.models import Job, JobStatus
 from service.points import MetricPoint
 from service.reasons import ReasonCode as R
 from service.settings import Settings
@@ -252,3 +252,66 @@ def test_a_sweep_whose_first_trials_all_fail_stops_and_cancels_the_rest(
         "total": 4,
     }  # fmt: skip
     assert not driver.held
+
+
+def test_a_pruned_trial_stops_as_a_cancel_and_one_that_trained_to_its_end_counts(
+    undriven: TestClient, engine: Engine, settings: Settings, add_worker: Callable[..., Any]
+) -> None:
+    """ASHA prunes the trials that trail the first at epoch 1: the first one's stop ends
+    cancelled with reason pruned; the second trains to its end before its stop lands (a
+    late cancel), so it counts complete, as its job succeeded."""
+    add_worker()
+    body = {
+        **GOOD,
+        "parameters": {"params.width": {"type": "categorical", "values": [1, 2, 3]}},
+        "search": "grid",
+        "max_trials": None,
+        "max_parallel": 1,
+        "pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 2},
+    }
+    sweep_id = undriven.post("/api/v1/sweeps", json=body).json()["id"]
+    driver = Driver(engine, settings, CatalogCache())
+
+    def run_trial(loss: float, end: Outcome | None) -> int:
+        """The one queued trial: claimed, its epoch 1 reported; ended if ``end``."""
+        driver.drive()
+        claimed = store.claim_job(engine, **WORKER)
+        assert claimed is not None
+        point = MetricPoint("val/loss", 1, 1, loss, time.time())
+        assert store.report(engine, claimed.fence, metrics=[point])
+        if end is not None:
+            store.finish_attempt(engine, claimed.fence, end)
+            return claimed.fence.job_id
+        driver.drive()  # sees epoch 1: far behind the first, pruned
+        job = undriven.get(f"/api/v1/jobs/{claimed.fence.job_id}").json()
+        assert job["status"] == "cancelling" and job["reason"]["code"] == "pruned", job
+        assert "pruned by the sweep's asha pruner at epoch 1" in job["reason"]["message"]
+        return claimed.fence.job_id
+
+    succeeded = Outcome(JobStatus.succeeded, R.succeeded, "trained")
+    stopped = Outcome(JobStatus.cancelled, R.cancelled, "stopped")
+    run_trial(0.1, succeeded)
+    pruned = run_trial(5.0, None)
+    with read_session(engine) as session:
+        job = session.get(Job, pruned)
+        assert job is not None and job.lease_token is not None
+        held = store.Fence(pruned, job.attempt, job.lease_token)
+    store.finish_attempt(engine, held, stopped)
+    ended = undriven.get(f"/api/v1/jobs/{pruned}").json()
+    assert ended["status"] == "cancelled" and ended["reason"]["code"] == "pruned"
+    late = run_trial(6.0, None)
+    with read_session(engine) as session:
+        job = session.get(Job, late)
+        assert job is not None and job.lease_token is not None
+        held = store.Fence(late, job.attempt, job.lease_token)
+    store.finish_attempt(engine, held, succeeded)
+    driver.drive()
+    done = undriven.get(f"/api/v1/sweeps/{sweep_id}").json()
+    assert done["status"] == "finished"
+    assert [(t["status"], t["pruned"]) for t in done["trials"]] == [
+        ("succeeded", False),
+        ("cancelled", True),
+        ("succeeded", False),
+    ]
+    assert done["counts"]["pruned"] == 1 and done["counts"]["succeeded"] == 2
+    assert "2 complete, 1 pruned" in done["reason"]["message"], done["reason"]
