@@ -81,6 +81,11 @@ def test_every_bad_space_is_refused_naming_what_is_wrong(
     detail = refused(client, search="grid", parameters=grid, max_trials=5)
     assert where(detail) == ["max_trials"] and "the grid has 8 points" in detail[0]["msg"]
     assert where(refused(client, max_trials=None)) == ["max_trials"]
+    huge = {"params.width": {"type": "int", "low": 0, "high": 2**31 - 1}}
+    detail = refused(client, search="grid", parameters=huge, max_trials=5)
+    assert where(detail) == ["parameters"] and "at most 10000" in detail[0]["msg"]
+    wide = {"lr": {"type": "float", "low": -1e308, "high": 1e308, "step": 1}}
+    assert where(refused(client, parameters=wide)) == ["parameters.lr"]
     # the metric, the pruner, the job itself
     detail = refused(client, metric="val/accuracy")
     assert where(detail) == ["metric"] and "never reports 'val/accuracy'" in detail[0]["msg"]
