@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.catalog = CatalogCache()
     app.state.feeds = JobFeeds(app.state.engine)
     app.state.blobs = BlobStore.from_settings(settings)
-    app.state.sweeps_wakeup = asyncio.Event()
+    app.state.sweeps_wakeup = None  # the driver's, made in the lifespan's event loop
 
     app.state.instruments = Instruments(app.state.engine, settings.fair_share_half_life_s)
     app.include_router(health.router)
@@ -131,6 +131,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     tasks = [asyncio.create_task(_sweep_blobs(app), name="blob sweeper")]
     if app.state.settings.sweep_driver:
+        app.state.sweeps_wakeup = asyncio.Event()
         tasks.append(asyncio.create_task(_drive_sweeps(app), name="sweep driver"))
     try:
         yield

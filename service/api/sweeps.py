@@ -68,7 +68,9 @@ async def submit_sweep(
             [{**e, "loc": ["body", "job", *e["loc"][1:]]} for e in refused.errors]
         ) from None
     sweep = await run_in_threadpool(_create, engine, catalogs, spec, who)
-    request.app.state.sweeps_wakeup.set()  # its first trials start now, not on the next pass
+    wakeup = request.app.state.sweeps_wakeup  # None where this process drives no sweep
+    if wakeup is not None:
+        wakeup.set()  # its first trials start now, not on the next pass
     response.headers["Location"] = f"/api/v1/sweeps/{sweep.id}"
     return sweep
 
