@@ -13,7 +13,9 @@ from service.app import create_app
 from service.settings import Settings
 import service.cli
 app = create_app(Settings(database_url="sqlite://"))
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "workers", "numpy"))
+heavy = sorted(
+    m for m in sys.modules if m.split(".")[0] in ("torch", "workers", "numpy", "optuna")
+)
 assert not heavy, heavy
 """
 
@@ -57,6 +59,17 @@ def test_no_service_module_imports_torch_or_workers_even_inside_a_function() -> 
         if package in HEAVY
     ]
     assert not offenders, offenders
+
+
+def test_only_the_sweeps_search_imports_optuna() -> None:
+    # Optuna brings numpy: the API imports it only when its driver first drives a sweep.
+    repo = Path(__file__).resolve().parents[1]
+    importers = sorted(
+        path.relative_to(repo).as_posix()
+        for path in (repo / "service").rglob("*.py")
+        if any(package == "optuna" for _, package in _imported_packages(path))
+    )
+    assert importers == ["service/sweeps/search.py"]
 
 
 def test_the_import_finder_sees_imports_inside_functions(tmp_path: Path) -> None:

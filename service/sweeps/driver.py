@@ -34,7 +34,7 @@ from service.settings import Settings
 from service.store import sweeps as store
 from service.store.sweeps import SweepFence, TrialRow
 from service.sweeps.models import Mode, Resource, SweepCreate, SweepStatus, TrialState
-from service.sweeps.space import trial_spec
+from service.sweeps.space import grid_size, trial_spec
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +327,6 @@ class Driver:
 
 
 def _target(spec: SweepCreate) -> int:
-    from service.sweeps.space import grid_size
-
     if spec.max_trials is not None:
         return spec.max_trials
     return grid_size(spec)
