@@ -44,4 +44,5 @@ cubic = Recipe(
     build_datasets=build_datasets,
     loss=nn.functional.mse_loss,
     metrics=max_error,
+    reports=("max_abs_error",),
 )

@@ -17,6 +17,9 @@ from service.models import AuditEvent
 class Action(StrEnum):
     submitted = "submitted"
     cancelled = "cancelled"
+    pruned = "pruned"  # a sweep's driver stopped a trial that fell behind
+    sweep_submitted = "sweep_submitted"
+    sweep_cancelled = "sweep_cancelled"
     reran = "reran"
     preempted = "preempted"
     user_added = "user_added"

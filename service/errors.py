@@ -15,6 +15,12 @@ class JobNotFound(TrainyardError):
         self.job_id = job_id
 
 
+class SweepNotFound(TrainyardError):
+    def __init__(self, sweep_id: int) -> None:
+        super().__init__(f"sweep {sweep_id} not found")
+        self.sweep_id = sweep_id
+
+
 class InvalidTransition(TrainyardError):
     """A status change the state machine does not allow (e.g. cancel of a finished job)."""
 

@@ -92,8 +92,9 @@ def strategy_problem(
     return None
 
 
-# Fields only Trainyard's own training loop reads: a script takes its own arguments.
-RECIPE_ONLY = ("params", "epochs", "batch_size", "lr", "optimizer", "precision", "checkpoint_every")
+# Fields only Trainyard's own training loop reads: a script takes its own arguments (its
+# params reach it as JSON in TRAINYARD_PARAMS).
+RECIPE_ONLY = ("epochs", "batch_size", "lr", "optimizer", "precision", "checkpoint_every")
 # Fields only a script job reads.
 SCRIPT_ONLY = ("requirements",)
 

@@ -344,6 +344,8 @@ class Job(JobBase, table=True):
         Index("ix_job_worker", "worker_id", "status"),
         # An Idempotency-Key is its owner's: two users' equal keys are two jobs.
         Index("ux_job_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+        # A sweep's trials (GET /jobs?sweep=ID, the sweep's page and its driver).
+        Index("ix_job_sweep", "sweep_id"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -379,6 +381,9 @@ class Job(JobBase, table=True):
     # and stops with the rest of its gang.
     preempted_attempt: int | None = None
     idempotency_key: str | None = Field(None, max_length=200)
+    # The sweep it is a trial of (service.sweeps); None for a job submitted on its own.
+    # (no foreign key: adding one to SQLite's job table would copy the whole table)
+    sweep_id: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(None, sa_type=UTCDateTime)
@@ -442,6 +447,7 @@ class JobRead(JobBase):
         "(joined while it waits for the rest, held while it runs).",
     )
     queue_position: int | None = Field(None, description="1 = next to run (queued jobs only).")
+    sweep_id: int | None = Field(None, description="The sweep it is a trial of, if any.")
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -654,4 +660,7 @@ class RecipeRead(SQLModel):
     summary: str
     params_schema: dict[str, Any]
     source_hash: str
+    metrics: list[str] | None = Field(
+        None, description="The metrics it reports (None: not said: a sweep may name any)."
+    )
     workers: list[str]

@@ -19,6 +19,7 @@ class ReasonCode(StrEnum):
     # ended well, or on request
     succeeded = "succeeded"  # trained to the last epoch
     cancelled = "cancelled"  # stopped on request
+    pruned = "pruned"  # a sweep's trial its pruner stopped: behind the others at a rung
     # handed back without spending an attempt
     worker_shutdown = "worker_shutdown"  # its worker stopped; resumes from its checkpoint
     preempted = "preempted"  # SIGTERM from outside: it checkpointed and stopped

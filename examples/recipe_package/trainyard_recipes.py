@@ -55,4 +55,5 @@ DIGITS = Recipe(
     build_datasets=build_datasets,
     loss=nn.functional.cross_entropy,
     metrics=accuracy,
+    reports=("accuracy",),
 )

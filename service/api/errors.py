@@ -33,6 +33,7 @@ from service.errors import (
     PackageInvalid,
     QueueQuotaReached,
     SpecInvalid,
+    SweepNotFound,
     TokenNotFound,
     TrainyardError,
     UserExists,
@@ -73,6 +74,7 @@ class ErrorDetail(BaseModel):
 
 STATUS_OF: dict[type[TrainyardError], int] = {
     JobNotFound: 404,
+    SweepNotFound: 404,
     ArtifactNotFound: 404,
     InvalidTransition: 409,
     IdempotencyConflict: 409,

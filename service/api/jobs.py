@@ -163,15 +163,18 @@ def list_jobs(
         NulFreeStr | None,
         Query(max_length=64, description="A user's name, or me: your own jobs."),
     ] = None,
+    sweep: Annotated[
+        int | None, Query(ge=1, le=MAX_INT32, description="Only this sweep's trials.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
 ) -> JobList:
-    """Jobs, optionally of one status and one owner, newest first. Everyone sees every
-    job: a shared box is transparent."""
+    """Jobs, optionally of one status, one owner and one sweep, newest first. Everyone
+    sees every job: a shared box is transparent."""
     owner = who.name if owner == "me" else owner
     with read_session(engine) as session:
         rows, total = store.list_jobs(
-            session, status=status_, owner=owner, limit=limit, offset=offset
+            session, status=status_, owner=owner, sweep=sweep, limit=limit, offset=offset
         )
     return JobList(
         items=[JobRead.from_row(j) for j in rows], total=total, limit=limit, offset=offset

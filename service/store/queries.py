@@ -45,10 +45,14 @@ def list_jobs(
     limit: int,
     offset: int,
     owner: str | None = None,
+    sweep: int | None = None,
 ) -> tuple[list[Row[Any]], int]:
     """Newest first (rows, as ``get_job``), with the total matching count."""
     query = select(_job)
     count = select(func.count()).select_from(_job)
+    if sweep is not None:
+        query = query.where(_job.c.sweep_id == sweep)
+        count = count.where(_job.c.sweep_id == sweep)
     if status is not None:
         query = query.where(_job.c.status == status)
         count = count.where(_job.c.status == status)

@@ -68,7 +68,7 @@ def create_job(
     """Enqueue a validated spec for ``owner``; returns (job, created). A key ``owner``
     used before returns that job (keys are each user's own). QueueQuotaReached past
     ``queue_limit``, counted with the insert."""
-    new = NewJob(_row(spec, reason, owner, idempotency_key), queue_limit)
+    new = NewJob(job_row(spec, reason, owner, idempotency_key), queue_limit)
     try:
         return _create_job(engine, spec, new)
     except IntegrityError:
@@ -90,11 +90,11 @@ async def enqueue_job(
     """``create_job`` without an idempotency key, awaited on an event loop: the row joins
     the group committer's next batch, and the request holds no thread while it waits.
     Returns the row as inserted (its columns as attributes; ``JobRead.from_row`` reads it)."""
-    new = NewJob(_row(spec, reason, owner), queue_limit)
-    return await asyncio.wrap_future(committer(engine, _insert_jobs).enqueue(new))
+    new = NewJob(job_row(spec, reason, owner), queue_limit)
+    return await asyncio.wrap_future(committer(engine, insert_jobs).enqueue(new))
 
 
-def _row(
+def job_row(
     spec: JobCreate,
     reason: tuple[ReasonCode, str],
     owner: str,
@@ -128,7 +128,7 @@ def _create_job(engine: Engine, spec: JobCreate, new: NewJob) -> tuple[Job, bool
     owner = new.row["owner"]
     uses = blob_uses(spec)
     if idempotency_key is None and not uses:  # the common case: batched with other submits
-        return Job(**committer(engine, _insert_jobs).submit(new)._mapping), True
+        return Job(**committer(engine, insert_jobs).submit(new)._mapping), True
     with write_session(engine) as session:
         if idempotency_key is not None:
             if new.queue_limit is not None:
@@ -147,7 +147,7 @@ def _create_job(engine: Engine, spec: JobCreate, new: NewJob) -> tuple[Job, bool
                         f"({existing.id})"
                     )
                 return existing, False
-        [inserted] = _insert_jobs(session, [new])
+        [inserted] = insert_jobs(session, [new])
         if isinstance(inserted, Exception):
             raise inserted
         job = Job(**inserted._mapping)
@@ -166,7 +166,7 @@ def _attach(session: Session, job_id: int, uses: dict[str, str]) -> None:
         raise SpecInvalid.at(field_of(role), f"{missing}; it was removed after the check") from None
 
 
-def _insert_jobs(session: Session, batch: list[NewJob]) -> list[Row[Any] | Exception]:
+def insert_jobs(session: Session, batch: list[NewJob]) -> list[Row[Any] | Exception]:
     """INSERT the jobs their owners' limits let in (one transaction, the caller's), each
     with its audit event, and wake idle workers once. One result per job, in order: its
     row, or the QueueQuotaReached that refused it."""

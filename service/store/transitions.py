@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, delete, or_, select, update
+from sqlalchemy import Engine, case, delete, or_, select, update
 from sqlmodel import Session, col
 
 from service import audit
@@ -106,6 +106,14 @@ def _transition(
     session: Session, job_id: int, to: JobStatus, *where: Any, **values: Any
 ) -> Job | None:
     """Move one job to ``to`` if it is in an allowed status and ``where`` holds."""
+    if to == S.cancelled and values.get("reason_code") == R.cancelled:
+        # A trial its sweep's pruner stopped ends pruned, however its stop ends: the
+        # reason set when the stop was asked stands (what a listing tells apart).
+        was_pruned = job_table.c.reason_code == R.pruned
+        values["reason_code"] = case((was_pruned, job_table.c.reason_code), else_=R.cancelled)
+        values["reason_message"] = case(
+            (was_pruned, job_table.c.reason_message), else_=values["reason_message"]
+        )
     stmt = (
         update(Job)
         .where(Job.id == job_id, col(Job.status).in_(ALLOWED_FROM[to]), *where)
@@ -125,37 +133,40 @@ def _transition(
 def cancel_job(engine: Engine, job_id: int, by: Identity = BOOTSTRAP) -> Job:
     """Queued -> cancelled now; running -> cancelling (the worker stops it). Idempotent.
     ``by``: who asks; only the job's owner or an admin may (NotAllowed)."""
-    now = utcnow()
     with write_session(engine) as session:
-        # Locked (PostgreSQL): a worker cannot finish or claim it between read and write.
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is None:
-            raise JobNotFound(job_id)
-        check_may_act(by, job.owner, f"job {job_id}")
-        if job.status in (S.cancelling, S.cancelled):
-            return job
-        if job.status in (S.succeeded, S.failed):
-            raise InvalidTransition(f"job {job_id} already {job.status}; nothing to cancel")
-        if job.status == S.queued:
-            done = _transition(
-                session,
-                job_id,
-                S.cancelled,
-                finished_at=now,
-                reason_code=R.cancelled,
-                reason_message="cancelled before it started",
-            )
-        else:
-            done = _transition(
-                session,
-                job_id,
-                S.cancelling,
-                reason_code=R.cancelling,
-                reason_message="cancel requested; stopping the job",
-            )
-        assert done is not None, "status changed under the row lock / IMMEDIATE transaction"
-        audit.record(session, by.name, Action.cancelled, f"job {job_id}", owner=job.owner)
-        return done
+        return cancel_in(session, job_id, by)
+
+
+def cancel_in(session: Session, job_id: int, by: Identity, pruned: str | None = None) -> Job:
+    """``cancel_job`` in the caller's transaction. With ``pruned`` (why), a sweep's pruner
+    stops the trial: the same stop, ending with reason ``pruned`` instead of
+    ``cancelled``."""
+    # Locked (PostgreSQL): a worker cannot finish or claim it between read and write.
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None:
+        raise JobNotFound(job_id)
+    check_may_act(by, job.owner, f"job {job_id}")
+    if job.status in (S.cancelling, S.cancelled):
+        return job
+    if job.status in (S.succeeded, S.failed):
+        raise InvalidTransition(f"job {job_id} already {job.status}; nothing to cancel")
+    if job.status == S.queued:
+        code, message = R.cancelled, "cancelled before it started"
+        if pruned is not None:
+            code, message = R.pruned, pruned
+        done = _transition(
+            session, job_id, S.cancelled, finished_at=utcnow(), reason_code=code,
+            reason_message=message,
+        )  # fmt: skip
+    else:
+        code, message = R.cancelling, "cancel requested; stopping the job"
+        if pruned is not None:
+            code, message = R.pruned, pruned  # kept as it ends (see _transition)
+        done = _transition(session, job_id, S.cancelling, reason_code=code, reason_message=message)
+    assert done is not None, "status changed under the row lock / IMMEDIATE transaction"
+    action = Action.cancelled if pruned is None else Action.pruned
+    audit.record(session, by.name, action, f"job {job_id}", owner=job.owner)
+    return done
 
 
 def finish_attempt(engine: Engine, fence: Fence, outcome: Outcome) -> Job | None:

@@ -35,6 +35,10 @@ ENTRY_POINT_GROUP = "trainyard.recipes"
 MAX_ERROR_CHARS = 500
 
 
+# What the training loop reports for every recipe (workers.ranks.training).
+LOOP_METRICS = ("train/loss", "train/epoch_loss", "train/lr", "train/samples_per_s", "val/loss")
+
+
 @dataclass(frozen=True)
 class Recipe:
     """What to train. ``build_datasets`` must give the same data for the same seed."""
@@ -47,15 +51,29 @@ class Recipe:
     loss: Callable[[Tensor, Tensor], Tensor]
     # (outputs, targets) of one validation batch -> per-sample means, e.g. accuracy
     metrics: Callable[[Tensor, Tensor], dict[str, float]] | None = None
+    # The names ``metrics`` returns ("accuracy"), reported as val/<name>: a sweep may rank
+    # trials by them. None with ``metrics`` set: not said, so a sweep may name any val/.
+    reports: tuple[str, ...] | None = None
 
     def describe(self) -> dict[str, Any]:
-        """Name, summary, params JSON schema and source hash, as workers publish them."""
+        """Name, summary, params JSON schema, source hash and the metrics it reports, as
+        workers publish them."""
         return {
             "name": self.name,
             "summary": self.summary,
             "params_schema": self.params.model_json_schema(),
             "source_hash": self.source_hash(),
+            "metrics": self.metric_names(),
         }
+
+    def metric_names(self) -> list[str] | None:
+        """Every metric the training loop reports for this recipe, or None if its own
+        ``metrics`` did not say what it returns."""
+        if self.metrics is None:
+            return list(LOOP_METRICS)
+        if self.reports is None:
+            return None
+        return [*LOOP_METRICS, *(f"val/{name}" for name in self.reports)]
 
     def source_hash(self) -> str:
         """sha256 of the source file defining the recipe (what exactly ran)."""

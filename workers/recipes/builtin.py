@@ -102,5 +102,6 @@ RECIPES = [
         build_datasets=_classifier_data,
         loss=nn.functional.cross_entropy,
         metrics=_accuracy,
+        reports=("accuracy",),
     ),
 ]

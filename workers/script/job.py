@@ -21,6 +21,7 @@ within the grace period after it goes back to the queue without spending an atte
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -128,6 +129,8 @@ def job_env(
         TRAINYARD_CHECKPOINT_DIR=str(files.checkpoints),
         TRAINYARD_INPUT_DIR=str(files.inputs),
         TRAINYARD_METRICS_FILE=str(files.metrics_file(attempt)),
+        # the job's params (a sweep's trial values among them), for the script to read
+        TRAINYARD_PARAMS=json.dumps(job.params, separators=(",", ":")),
     )
     if accelerator == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU job must not find the box's GPUs
