@@ -78,6 +78,16 @@ async def admit(
     return Admitted(reason, queue_limit)
 
 
+def check_trial(engine: Engine, who: Identity, spec: JobCreate, settings: Settings) -> None:
+    """What ``admit`` checks of a spec beyond the catalog and its inputs, for a sweep's
+    trial values at submit: that ``who`` may ask for it, that this server could run it,
+    and that it fits its owner's quota of running devices (else it would wait forever)."""
+    users.check_spec_rights(who, spec)
+    _check_database(engine, spec)
+    if spec.devices * spec.nodes > 1:
+        _check_running_quota(engine, who.name, spec, settings)
+
+
 def _check_inputs(
     engine: Engine, blobs: BlobStore, limits: PackageLimits, spec: JobCreate, who: Identity
 ) -> None:

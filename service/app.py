@@ -129,18 +129,23 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    tasks = [asyncio.create_task(_sweep_blobs(app), name="blob sweeper")]
+    sweeper = asyncio.create_task(_sweep_blobs(app), name="blob sweeper")
+    stop = asyncio.Event()
+    driver = None
     if app.state.settings.sweep_driver:
         app.state.sweeps_wakeup = asyncio.Event()
-        tasks.append(asyncio.create_task(_drive_sweeps(app), name="sweep driver"))
+        driver = asyncio.create_task(_drive_sweeps(app, stop), name="sweep driver")
     try:
         yield
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+        if driver is not None:
+            # Not cancelled: its pass runs in a thread, which a cancel would leave running
+            # on an engine about to be disposed. It finishes the pass, then hands back.
+            stop.set()
+            await driver
 
 
 async def _sweep_blobs(app: FastAPI) -> None:
@@ -155,24 +160,34 @@ async def _sweep_blobs(app: FastAPI) -> None:
             log.exception("blob sweep failed")
 
 
-async def _drive_sweeps(app: FastAPI) -> None:
+async def _drive_sweeps(app: FastAPI, stop: asyncio.Event) -> None:
     """Drive the sweeps this process holds (``service.sweeps.driver``): a pass every
-    ``DRIVE_INTERVAL_S``, or at once when a sweep is submitted here. Its passes run in a
-    thread (they query, and Optuna computes); at shutdown its sweeps are handed back."""
+    ``DRIVE_INTERVAL_S``, or at once when a sweep is submitted here, until ``stop``. Its
+    passes run in a thread (they query, and Optuna computes); at the end its sweeps are
+    handed back."""
     driver = Driver(app.state.engine, app.state.settings, app.state.catalog)
     wakeup: asyncio.Event = app.state.sweeps_wakeup
+    woken = asyncio.create_task(wakeup.wait())
+    stopped = asyncio.create_task(stop.wait())
     try:
-        while True:
+        while not stop.is_set():
             try:
                 await anyio.to_thread.run_sync(driver.drive)
             except Exception:  # the database may be down for a while: try again next time
                 log.exception("sweep driver pass failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), DRIVE_INTERVAL_S)
-            wakeup.clear()
+            await asyncio.wait(
+                {woken, stopped}, timeout=DRIVE_INTERVAL_S, return_when="FIRST_COMPLETED"
+            )
+            if woken.done():
+                wakeup.clear()
+                woken = asyncio.create_task(wakeup.wait())
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(anyio.to_thread.run_sync(driver.close))
+        woken.cancel()
+        stopped.cancel()
+        try:
+            await anyio.to_thread.run_sync(driver.close)
+        except Exception:  # the leases run out instead
+            log.exception("sweep driver could not hand its sweeps back")
 
 
 def serving_app(settings: Settings | None = None) -> FastAPI:

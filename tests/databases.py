@@ -24,7 +24,8 @@ ADMIN_URL = os.environ.get(
 # CI sets this: there a missing server is a failure, not a reason to skip.
 REQUIRED = os.environ.get("TRAINYARD_TEST_REQUIRE_POSTGRES") == "1"
 TABLES = (
-    "job_node", "job_blob", "blob_upload", "blob", "log_line", "metric", "job", "worker",
+    "sweep_trial", "sweep", "job_node", "job_blob", "blob_upload", "blob", "log_line", "metric",
+    "job", "worker",
     "api_token", "audit_event", "trainyard_user",
 )  # fmt: skip
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Path, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Engine
 
-from service.admission import admit
+from service.admission import admit, check_trial
 from service.api.deps import BlobStoreDep, CatalogsDep, EngineDep, IdentityDep, SettingsDep, pooled
 from service.api.responses import (
     GUARDED,
@@ -25,7 +25,8 @@ from service.api.responses import (
 from service.catalog import CatalogCache, check_spec
 from service.db import read_session
 from service.errors import SpecInvalid
-from service.models import MAX_INT32, MAX_INT64, NulFreeStr
+from service.models import MAX_INT32, MAX_INT64, JobCreate, NulFreeStr
+from service.settings import Settings
 from service.store import sweeps as store
 from service.sweeps.models import SWEEP_EXAMPLE, SweepCreate, SweepList, SweepRead, SweepStatus
 from service.sweeps.reads import read_sweep
@@ -67,7 +68,7 @@ async def submit_sweep(
         raise SpecInvalid(
             [{**e, "loc": ["body", "job", *e["loc"][1:]]} for e in refused.errors]
         ) from None
-    sweep = await run_in_threadpool(_create, engine, catalogs, spec, who)
+    sweep = await run_in_threadpool(_create, engine, catalogs, settings, spec, who)
     wakeup = request.app.state.sweeps_wakeup  # None where this process drives no sweep
     if wakeup is not None:
         wakeup.set()  # its first trials start now, not on the next pass
@@ -75,13 +76,21 @@ async def submit_sweep(
     return sweep
 
 
-def _create(engine: Engine, catalogs: CatalogCache, spec: SweepCreate, who: Identity) -> SweepRead:
+def _create(
+    engine: Engine, catalogs: CatalogCache, settings: Settings, spec: SweepCreate, who: Identity
+) -> SweepRead:
     catalog = catalogs.get(engine)
     job = spec.job
     metrics = None
     if job.recipe is not None and job.code is None and job.recipe in catalog.recipes:
         metrics = catalog.recipes[job.recipe].metrics
-    trials = check(spec, lambda trial: check_spec(catalog, trial), metrics)
+
+    def admit_trial(trial: JobCreate) -> None:
+        """A trial's spec as a submit of it would be checked (its inputs are the job's)."""
+        check_trial(engine, who, trial, settings)
+        check_spec(catalog, trial)
+
+    trials = check(spec, admit_trial, metrics)
     # stored as it will run: a grid's max_trials is its size
     sweep = store.create_sweep(engine, spec.model_copy(update={"max_trials": trials}), who.name)
     with read_session(engine) as session:

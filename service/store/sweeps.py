@@ -9,6 +9,7 @@ start a sweep's trial ``n`` (and the unique (sweep, number) would refuse the sec
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -189,6 +190,20 @@ def end_trial(
         return True
 
 
+def note_trial(engine: Engine, fence: SweepFence, number: int, notes: dict[str, Any]) -> bool:
+    """Keep what the pruner noted on a trial (the rungs it passed); False if the lease is
+    gone."""
+    with write_session(engine) as session:
+        if not _hold(session, fence):
+            return False
+        session.exec(
+            update(SweepTrial)
+            .where(col(SweepTrial.sweep_id) == fence.sweep_id, col(SweepTrial.number) == number)
+            .values(system_attrs=notes)
+        )
+        return True
+
+
 def prune(
     engine: Engine, fence: SweepFence, number: int, job_id: int, owner: str, why: str
 ) -> bool:
@@ -197,8 +212,7 @@ def prune(
     with write_session(engine) as session:
         if not _hold(session, fence):
             return False
-        job = session.get(Job, job_id)
-        if job is not None and job.status in UNFINISHED:
+        with contextlib.suppress(InvalidTransition):  # it ended meanwhile: as it ended
             cancel_in(session, job_id, Identity(owner, admin=False), pruned=why)
         session.exec(
             update(SweepTrial)
@@ -209,32 +223,23 @@ def prune(
 
 
 def end_sweep(
-    engine: Engine, fence: SweepFence, status: SweepStatus, reason: tuple[str, str], owner: str
+    engine: Engine, fence: SweepFence, status: SweepStatus, reason: tuple[str, str]
 ) -> bool:
     """The driver ends the sweep (finished, or failed: its unfinished trials cancelled,
-    as its owner); False if the lease is gone."""
+    as its owner would); False if the lease is gone."""
     with write_session(engine) as session:
-        if not _hold(session, fence):
+        sweep = session.exec(
+            select(Sweep).where(*_held(fence)).with_for_update()
+        ).scalar_one_or_none()
+        if sweep is None:
             return False
-        open_jobs = session.exec(
-            select(Job.id).where(Job.sweep_id == fence.sweep_id, col(Job.status).in_(UNFINISHED))
-        ).all()
-        for (job_id,) in open_jobs:
-            cancel_in(session, job_id, Identity(owner, admin=False))
-        done = session.exec(
-            update(Sweep)
-            .where(*_held(fence))
-            .values(
-                status=status,
-                reason_code=reason[0],
-                reason_message=reason[1],
-                finished_at=utcnow(),
-                driver_id=None,
-                lease_token=None,
-                lease_expires_at=None,
-            )
-        )
-        return done.rowcount == 1
+        _cancel_open(session, fence.sweep_id, Identity(sweep.owner, admin=False))
+        sweep.status = status
+        sweep.reason_code, sweep.reason_message = reason
+        sweep.finished_at = utcnow()
+        sweep.driver_id = sweep.lease_token = sweep.lease_expires_at = None
+        session.add(sweep)
+        return True
 
 
 def cancel_sweep(engine: Engine, sweep_id: int, by: Identity) -> Sweep:
@@ -249,11 +254,7 @@ def cancel_sweep(engine: Engine, sweep_id: int, by: Identity) -> Sweep:
             return sweep
         if sweep.status != SweepStatus.running:
             raise InvalidTransition(f"sweep {sweep_id} already {sweep.status}; nothing to cancel")
-        open_jobs = session.exec(
-            select(Job.id).where(Job.sweep_id == sweep_id, col(Job.status).in_(UNFINISHED))
-        ).all()
-        for (job_id,) in open_jobs:
-            cancel_in(session, job_id, by)
+        _cancel_open(session, sweep_id, by)
         sweep.status = SweepStatus.cancelled
         sweep.reason_code = ReasonCode.cancelled
         sweep.reason_message = f"cancelled by {by.name}"
@@ -429,12 +430,24 @@ def list_sweeps(
     return list(rows.scalars()), int(session.exec(count).one()[0])
 
 
+def _cancel_open(session: Session, sweep_id: int, by: Identity) -> None:
+    """Cancel the sweep's unfinished trials (one that ends meanwhile is left as it ended)."""
+    open_jobs = session.exec(
+        select(Job.id).where(Job.sweep_id == sweep_id, col(Job.status).in_(UNFINISHED))
+    ).all()
+    for (job_id,) in open_jobs:
+        with contextlib.suppress(InvalidTransition):
+            cancel_in(session, job_id, by)
+
+
 def _held(fence: SweepFence) -> list[Any]:
+    """The sweep is still this driver's: its token, and running. (Not its expiry: taking
+    a sweep always sets a new token, so a driver whose lease ran out, but which no other
+    took, may still write, and renew.)"""
     return [
         col(Sweep.id) == fence.sweep_id,
         Sweep.lease_token == fence.lease_token,
         Sweep.status == SweepStatus.running,
-        col(Sweep.lease_expires_at) > utcnow(),
     ]
 
 

@@ -142,7 +142,8 @@ def cancel_in(session: Session, job_id: int, by: Identity, pruned: str | None = 
     stops the trial: the same stop, ending with reason ``pruned`` instead of
     ``cancelled``."""
     # Locked (PostgreSQL): a worker cannot finish or claim it between read and write.
-    job = session.get(Job, job_id, with_for_update=True)
+    # (populate_existing: a row this session read before is read again, under the lock)
+    job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
     if job is None:
         raise JobNotFound(job_id)
     check_may_act(by, job.owner, f"job {job_id}")

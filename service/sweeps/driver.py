@@ -13,16 +13,18 @@ one stopped cleanly hands them back at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from service import users
 from service.catalog import CatalogCache
@@ -65,6 +67,7 @@ class Held:
     last: dict[int, float | None] = field(default_factory=dict)  # number -> last value
     ended: dict[TrialState, int] = field(default_factory=dict)
     results: dict[int, float] = field(default_factory=dict)  # complete trials' values
+    failed: set[int] = field(default_factory=set)  # trials whose job failed (or never ran)
     pending: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # asked, not started
 
 
@@ -84,7 +87,7 @@ class Driver:
         room = MAX_SWEEPS_PER_DRIVER - len(self.held)
         if room > 0:
             for fence in store.take_sweeps(self.engine, self.id, self.lease_s, room):
-                held = self._load(fence)
+                held = self._load_or_end(fence)
                 if held is not None:
                     self.held[fence.sweep_id] = held
         for sweep_id, held in list(self.held.items()):
@@ -101,6 +104,23 @@ class Driver:
         store.let_go(self.engine, [h.fence for h in self.held.values()])
         self.held.clear()
 
+    def _load_or_end(self, fence: SweepFence) -> Held | None:
+        """``_load``, one sweep at a time: the database down lets the sweep go (the next
+        pass takes it again); a sweep that cannot be loaded at all (its study refused)
+        ends failed, saying why, rather than stalling the sweeps taken with it."""
+        try:
+            return self._load(fence)
+        except DBAPIError:
+            log.exception("sweep %d: could not read it; letting it go", fence.sweep_id)
+            with contextlib.suppress(DBAPIError):
+                store.let_go(self.engine, [fence])
+            return None
+        except Exception as exc:
+            log.exception("sweep %d: cannot be driven", fence.sweep_id)
+            why = f"the sweep driver cannot run it: {type(exc).__name__}: {exc}"[:2000]
+            store.end_sweep(self.engine, fence, SweepStatus.failed, (ReasonCode.error, why))
+            return None
+
     def _load(self, fence: SweepFence) -> Held | None:
         """The sweep's spec and trials, and its study rebuilt from them."""
         from service.sweeps.search import PastTrial, Study  # Optuna: when first needed
@@ -116,6 +136,21 @@ class Driver:
         for job_id, step, epoch, value, seq in points:
             by_job.setdefault(job_id, []).append((step, epoch, value))
             seen[job_id] = max(seen.get(job_id, 0), seq)
+        # A pruned trial whose job trained to its end while no driver held the sweep
+        # counts complete, as in _finished_anyway.
+        whole = {
+            r.number: last
+            for r in rows
+            if r.state == TrialState.pruned
+            and r.job_status == JobStatus.succeeded
+            and (last := _last(by_job.get(r.job_id or 0, []))) is not None
+        }
+        for number, value in whole.items():
+            store.end_trial(self.engine, fence, number, TrialState.complete, value)
+        rows = [
+            replace(r, state=TrialState.complete, value=whole[r.number]) if r.number in whole else r
+            for r in rows
+        ]
         past = [
             PastTrial(
                 values=r.values,
@@ -131,7 +166,7 @@ class Driver:
             spec=spec,
             owner=sweep.owner,
             target=_target(spec),
-            study=Study(spec, past),
+            study=Study(f"sweep-{fence.sweep_id}", spec, past),
             started=len(rows),
             renewed_at=time.monotonic(),
             seen_seq=seen,
@@ -145,17 +180,26 @@ class Driver:
                 held.ended[r.state] = held.ended.get(r.state, 0) + 1
             if r.state == TrialState.complete and r.value is not None:
                 held.results[r.number] = r.value
+            if _failed(r.state, r.job_status):
+                held.failed.add(r.number)
             held.last[r.number] = _last(by_job.get(r.job_id or 0, []))
         log.info("sweep %d: driving it (%d trials so far)", fence.sweep_id, len(rows))
         return held
 
+    def _renewed(self, held: Held) -> bool:
+        """Renew the lease when a third of it has passed; False once it is not ours."""
+        if time.monotonic() - held.renewed_at < self.lease_s * RENEW_FRACTION:
+            return True
+        if not store.renew(self.engine, held.fence, self.lease_s):
+            log.info("sweep %d: no longer ours (ended, or taken over)", held.fence.sweep_id)
+            return False
+        held.renewed_at = time.monotonic()
+        return True
+
     def _step(self, held: Held) -> bool:
         """Move one sweep along; False once this driver no longer holds it."""
-        if time.monotonic() - held.renewed_at >= self.lease_s * RENEW_FRACTION:
-            if not store.renew(self.engine, held.fence, self.lease_s):
-                log.info("sweep %d: no longer ours (ended, or taken over)", held.fence.sweep_id)
-                return False
-            held.renewed_at = time.monotonic()
+        if not self._renewed(held):
+            return False
         if not self._watch(held):
             return False
         if self._end_if_done(held):
@@ -173,10 +217,11 @@ class Driver:
             after = min((held.seen_seq.get(j, 0) for j in jobs), default=0)
             fresh = store.points(session, jobs, spec.metric, after)
         new: dict[int, list[Point]] = {}
+        seen = dict(held.seen_seq)  # what was read before this pass, per job
         for job_id, step, epoch, value, seq in fresh:
-            if seq > held.seen_seq.get(job_id, 0):
+            if seq > seen.get(job_id, 0):
                 new.setdefault(job_id, []).append((step, epoch, value))
-                held.seen_seq[job_id] = seq
+                held.seen_seq[job_id] = max(held.seen_seq.get(job_id, 0), seq)
         for row in rows:
             assert row.job_id is not None  # open trials have jobs
             points = new.get(row.job_id, [])
@@ -217,7 +262,9 @@ class Driver:
             return True
         assert row.job_id is not None  # a running trial has a job
         at_points = _intermediate(spec, points)
-        give_up = held.study.report(row.number, at_points.items())
+        give_up, notes = held.study.report(row.number, at_points.items())
+        if notes is not None and not store.note_trial(self.engine, held.fence, row.number, notes):
+            return False
         if not give_up or row.job_status != JobStatus.running:
             return True
         at = max(at_points)
@@ -245,28 +292,34 @@ class Driver:
             return False
         held.study.end(row.number, state, value)
         held.ended[state] = held.ended.get(state, 0) + 1
+        if _failed(state, row.job_status):
+            held.failed.add(row.number)
         if state == TrialState.complete and value is not None:
             held.results[row.number] = value
         return True
 
     def _end_if_done(self, held: Held) -> bool:
         """End the sweep when every trial has ended, or its first ones all failed."""
-        failed = held.ended.get(TrialState.failed, 0)
-        complete = held.ended.get(TrialState.complete, 0)
-        if failed >= FAILED_TRIALS_TO_STOP and complete == 0:
+        first = set(range(FAILED_TRIALS_TO_STOP))
+        if first <= held.failed and not held.results:
             status = SweepStatus.failed  # the rest would fail too: end_sweep cancels them
-            reason = (ReasonCode.error, f"its first {failed} trials failed, none succeeded")
+            reason = (
+                ReasonCode.error,
+                f"its first {FAILED_TRIALS_TO_STOP} trials failed, none succeeded",
+            )
         elif held.started >= held.target and not held.open:
             status, reason = SweepStatus.finished, (ReasonCode.succeeded, _summary(held))
         else:
             return False
-        if store.end_sweep(self.engine, held.fence, status, reason, held.owner):
+        if store.end_sweep(self.engine, held.fence, status, reason):
             log.info("sweep %d: %s: %s", held.fence.sweep_id, status, reason[1])
         return True
 
     def _start_trials(self, held: Held) -> bool:
         """Start trials while fewer than max_parallel are unfinished."""
         while held.started < held.target and len(held.open) < held.spec.max_parallel:
+            if not self._renewed(held):  # asking TPE for many trials takes a while
+                return False
             if held.pending is None:
                 held.pending = held.study.ask()
             number, values, attrs = held.pending
@@ -323,7 +376,14 @@ class Driver:
             return None
         held.study.end(number, TrialState.failed, None)
         held.ended[TrialState.failed] = held.ended.get(TrialState.failed, 0) + 1
+        held.failed.add(number)
         return True
+
+
+def _failed(state: TrialState, job_status: JobStatus | None) -> bool:
+    """A trial that failed on its own: its job failed, or its spec was refused (a trial a
+    person cancelled is no sign the next would fail)."""
+    return state == TrialState.failed and job_status in (JobStatus.failed, None)
 
 
 def _target(spec: SweepCreate) -> int:

@@ -37,7 +37,7 @@ from service.sweeps.models import (
     Search,
     SweepCreate,
 )
-from service.sweeps.space import grid_values
+from service.sweeps.space import grid_values, max_resource
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # its INFO line per trial is noise here
 log = logging.getLogger(__name__)
@@ -72,13 +72,16 @@ class _Grid(optuna.samplers.GridSampler):
 class Study:
     """One sweep's Optuna study: ask for a trial's values, report its points, end it."""
 
-    def __init__(self, spec: SweepCreate, past: Sequence[PastTrial]) -> None:
+    def __init__(self, name: str, spec: SweepCreate, past: Sequence[PastTrial]) -> None:
         self.spec = spec
         self.distributions = _distributions(spec)
         with _quiet():
             self.study = optuna.create_study(
+                # Hyperband puts a trial in a bracket by a hash of the study's name and
+                # the trial's number: a rebuilt study must have the same name.
+                study_name=name,
                 direction="minimize" if spec.mode == Mode.min else "maximize",
-                sampler=_sampler(spec),
+                sampler=_sampler(spec, 0),
                 pruner=_pruner(spec),
             )
             for trial in past:
@@ -90,24 +93,36 @@ class Study:
 
     def ask(self) -> tuple[int, dict[str, Any], dict[str, Any]]:
         """A new trial: its number, values and what the sampler noted on it."""
+        if self.spec.search != Search.grid:
+            # Drawn from a seed of its own (the sweep's and its number): a study rebuilt
+            # by another driver draws trial n as the first one would have, not trial 0's
+            # values again from a sampler started afresh.
+            self.study.sampler = _sampler(self.spec, len(self.study.get_trials(deepcopy=False)))
         with _quiet():
             trial = self.study.ask(self.distributions)
         frozen = self._frozen(trial.number)
         self.told[trial.number] = set()
         return trial.number, dict(trial.params), _json_safe(frozen.system_attrs)
 
-    def report(self, number: int, points: Iterable[tuple[int, float]]) -> bool:
-        """Tell a running trial its new points (resource, value); whether to prune it."""
+    def report(
+        self, number: int, points: Iterable[tuple[int, float]]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Tell a running trial its new points (resource, value): whether to prune it,
+        and the trial's notes if the pruner changed them (ASHA notes each rung a trial
+        passes on the trial: kept with its row, a rebuilt study knows them)."""
         told = self.told.setdefault(number, set())
         fresh = [(at, value) for at, value in points if at not in told and math.isfinite(value)]
         if not fresh:
-            return False
+            return False, None
+        before = dict(self._frozen(number).system_attrs)
         trial = optuna.trial.Trial(self.study, self._frozen(number)._trial_id)
         with _quiet():
             for at, value in sorted(fresh):
                 trial.report(value, at)
                 told.add(at)
-            return trial.should_prune()
+            prune = trial.should_prune()
+        after = self._frozen(number).system_attrs
+        return prune, (_json_safe(after) if after != before else None)
 
     def end(self, number: int, state: str, value: float | None) -> None:
         """The trial ended: complete with its value, pruned, or failed."""
@@ -159,13 +174,15 @@ def _distributions(spec: SweepCreate) -> dict[str, BaseDistribution]:
     return out
 
 
-def _sampler(spec: SweepCreate) -> optuna.samplers.BaseSampler:
+def _sampler(spec: SweepCreate, number: int) -> optuna.samplers.BaseSampler:
+    """The sampler that draws trial ``number`` (a grid's: every trial's)."""
     if spec.search == Search.grid:
         space = {name: grid_values(name, p) for name, p in spec.parameters.items()}
         return _Grid(space, seed=spec.seed)
+    seed = (spec.seed * 1_000_003 + number) % 2**32
     if spec.search == Search.tpe:
-        return optuna.samplers.TPESampler(seed=spec.seed)
-    return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
 
 
 def _pruner(spec: SweepCreate) -> optuna.pruners.BasePruner:
@@ -179,7 +196,7 @@ def _pruner(spec: SweepCreate) -> optuna.pruners.BasePruner:
     if isinstance(p, HyperbandPruner):
         return optuna.pruners.HyperbandPruner(
             min_resource=p.min_resource,
-            max_resource=p.max_resource or spec.job.epochs,
+            max_resource=max_resource(spec),
             reduction_factor=p.reduction_factor,
         )
     if isinstance(p, MedianPruner):

@@ -23,6 +23,7 @@ from service.models import JobCreate
 from service.sweeps.models import (
     MAX_TRIALS,
     Categorical,
+    FloatRange,
     HyperbandPruner,
     IntRange,
     Parameter,
@@ -39,6 +40,8 @@ PARAMS = "params."
 CHECK_EVERY_POINT_UP_TO = 1_000
 # Decimal places a float grid's points are rounded to (0.1 + 0.2 is 0.3 on the grid).
 GRID_DIGITS = 12
+# The most points a stepped float range may have (Optuna counts them in decimals).
+MAX_STEPS = 10**9
 
 SpecCheck = Callable[[JobCreate], object]  # raises SpecInvalid for a spec it refuses
 
@@ -173,6 +176,8 @@ def _check_range(name: str, p: Parameter) -> None:
         if p.log:
             raise _at(name, "a float range takes log or step, not both")
         count = (p.high - p.low) / p.step
+        if not math.isfinite(count) or count > MAX_STEPS:
+            raise _at(name, f"a step this small leaves more than {MAX_STEPS} points: give none")
         if abs(count - round(count)) > 1e-9 * max(1.0, count):
             raise _at(name, f"high - low ({p.high - p.low}) is not a multiple of step ({p.step})")
 
@@ -205,21 +210,46 @@ def _check_metric(metric: str, metrics: list[str] | None) -> None:
 
 def _check_pruner(sweep: SweepCreate) -> None:
     pruner = sweep.pruner
-    by_step = isinstance(pruner, HyperbandPruner) and pruner.resource == Resource.step
-    if by_step and pruner.max_resource is None:  # type: ignore[union-attr]
+    if not isinstance(pruner, HyperbandPruner):
+        return
+    if pruner.resource == Resource.step and pruner.max_resource is None:
         raise SpecInvalid.at(
             ("pruner", "max_resource"),
             "counted in steps, Hyperband needs a trial's whole budget: give max_resource",
         )
+    if pruner.min_resource > max_resource(sweep):
+        raise SpecInvalid.at(
+            ("pruner", "min_resource"),
+            f"above the trials' whole budget ({max_resource(sweep)}): Hyperband would "
+            "have no bracket, and prune nothing",
+        )
+
+
+def max_resource(sweep: SweepCreate) -> int:
+    """A trial's whole budget for Hyperband: as given, else the most epochs a trial runs
+    (the job's, or the largest a sweep of epochs tries)."""
+    pruner = sweep.pruner
+    if isinstance(pruner, HyperbandPruner) and pruner.max_resource is not None:
+        return pruner.max_resource
+    epochs = sweep.parameters.get("epochs")
+    if isinstance(epochs, Categorical):
+        return max([v for v in epochs.values if isinstance(v, int)], default=sweep.job.epochs)
+    if isinstance(epochs, IntRange | FloatRange):
+        return int(epochs.high)
+    return sweep.job.epochs
 
 
 def _probes(p: Parameter) -> list[Any]:
-    """Values that show whether a parameter's range fits its field: its ends, and for a
-    float range a point between that is no whole number (an integer field refuses it)."""
+    """Values that show whether a parameter's range fits its field: its ends, and a point
+    between (one step in, or a third of the way for a continuous float range, which is no
+    whole number: an integer field refuses it)."""
     if isinstance(p, Categorical):
         return list(p.values)
-    if isinstance(p, IntRange) or p.step is not None or p.low == p.high:
-        return [p.low, p.high]
+    if p.low == p.high:
+        return [p.low]
+    if p.step is not None:
+        return [p.low, p.high, p.low + p.step]
+    assert isinstance(p, FloatRange)
     return [p.low, p.high, p.low + (p.high - p.low) / 3]
 
 

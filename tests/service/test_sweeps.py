@@ -7,18 +7,20 @@ so these run in a second; tests/e2e/test_sweeps.py runs sweeps on real workers."
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
+from sqlmodel import col
 
 from service import store
 from service.app import create_app
 from service.catalog import CatalogCache
-from service.db import read_session
+from service.db import read_session, write_session
 from service.models import Job, JobStatus
 from service.points import MetricPoint
 from service.reasons import ReasonCode as R
@@ -27,7 +29,7 @@ from service.store import Outcome
 from service.store import sweeps as sweep_store
 from service.sweeps import search  # noqa: F401  (Optuna imported before the lease clock runs)
 from service.sweeps.driver import Driver
-from service.sweeps.models import SweepCreate
+from service.sweeps.models import Sweep, SweepCreate
 from service.sweeps.space import trial_spec
 from tests.stack import wait_for
 
@@ -320,3 +322,103 @@ def test_a_pruned_trial_stops_as_a_cancel_and_one_that_trained_to_its_end_counts
     ]
     assert done["counts"]["pruned"] == 1 and done["counts"]["succeeded"] == 2
     assert "2 complete, 1 pruned" in done["reason"]["message"], done["reason"]
+
+
+def test_a_random_sweep_taken_over_draws_what_one_driver_would_have(
+    undriven: TestClient, engine: Engine, settings: Settings, add_worker: Callable[..., Any]
+) -> None:
+    """Each trial is drawn from its own seed: a study rebuilt by a second driver goes on
+    with trial n's values, not the first trials' again."""
+    add_worker()
+    body = {**GOOD, "search": "random", "seed": 7, "max_trials": 6, "max_parallel": 2}
+    quick = settings.model_copy(update={"sweep_lease_s": 1.0})
+
+    def values(sweep_id: int) -> list[dict[str, Any]]:
+        trials = undriven.get(f"/api/v1/sweeps/{sweep_id}").json()["trials"]
+        return [t["values"] for t in trials]
+
+    def run(take_over: bool) -> list[dict[str, Any]]:
+        sweep_id = undriven.post("/api/v1/sweeps", json=body).json()["id"]
+        drivers = [Driver(engine, quick, CatalogCache()) for _ in range(2)]
+        drivers[0].drive()
+        play_worker(engine, lambda _: 1.0)
+        if take_over:  # the first driver stops; the second waits out its lease
+            wait_for(lambda: (drivers[1].drive(), bool(drivers[1].held))[1], 5, "takeover")
+        driver = drivers[1] if take_over else drivers[0]
+        while undriven.get(f"/api/v1/sweeps/{sweep_id}").json()["status"] == "running":
+            driver.drive()
+            play_worker(engine, lambda _: 1.0)
+        return values(sweep_id)
+
+    alone, taken_over = run(False), run(True)
+    assert taken_over == alone
+    assert len({json.dumps(v, sort_keys=True) for v in alone}) == 6
+
+
+def test_a_sweep_asks_only_for_what_its_owner_may_run(
+    undriven: TestClient, engine: Engine, settings: Settings, add_worker: Callable[..., Any]
+) -> None:
+    add_worker(slots=4)
+    assert undriven.post("/api/v1/users", json={"name": "bob"}).status_code == 201
+    token = undriven.post("/api/v1/users/bob/tokens").json()["token"]
+    bob = {"Authorization": f"Bearer {token}"}
+    never_stopped = {"preemptible": {"type": "categorical", "values": [True, False]}}
+    r = undriven.post("/api/v1/sweeps", json={**GOOD, "parameters": never_stopped}, headers=bob)
+    assert r.status_code == 403, r.text
+    assert undriven.patch("/api/v1/users/bob/quotas", json={"max_running_devices": 1}).is_success
+    wide = {"devices": {"type": "categorical", "values": [1, 2]}}
+    job = {**TINY, "strategy": "ddp"}
+    r = undriven.post("/api/v1/sweeps", json={**GOOD, "job": job, "parameters": wide}, headers=bob)
+    assert r.status_code == 422 and where(r.json()["detail"]) == ["parameters.devices"], r.text
+    assert "would wait forever" in r.json()["detail"][0]["msg"]
+
+
+def test_a_sweep_that_cannot_be_driven_fails_and_holds_back_no_other(
+    undriven: TestClient, engine: Engine, settings: Settings, add_worker: Callable[..., Any]
+) -> None:
+    add_worker()
+    broken = undriven.post("/api/v1/sweeps", json=GOOD).json()["id"]
+    fine = undriven.post("/api/v1/sweeps", json=GOOD).json()["id"]
+    # a space Optuna refuses, as one stored before the check at submit refused it
+    tiny_steps = {"type": "float", "low": 1e-3, "high": 0.1, "step": 1e-32}
+    with write_session(engine) as session:
+        stored = session.get(Sweep, broken)
+        assert stored is not None
+        spec = {**stored.spec, "parameters": {"lr": tiny_steps}}
+        session.exec(update(Sweep).where(col(Sweep.id) == broken).values(spec=spec))
+    Driver(engine, settings, CatalogCache()).drive()
+    failed = undriven.get(f"/api/v1/sweeps/{broken}").json()
+    assert failed["status"] == "failed"
+    assert failed["reason"]["message"].startswith("the sweep driver cannot run it: ")
+    assert undriven.get("/api/v1/jobs", params={"sweep": fine}).json()["total"] == 4
+
+
+def test_asha_taken_over_remembers_the_rungs_trials_passed(
+    undriven: TestClient, engine: Engine, settings: Settings, add_worker: Callable[..., Any]
+) -> None:
+    """The rungs ASHA noted on finished trials are kept with them: a second driver
+    prunes a trailing trial as the first would have."""
+    add_worker()
+    body = {
+        **GOOD,
+        "parameters": {"params.width": {"type": "categorical", "values": [1, 2, 3, 4, 5]}},
+        "search": "grid",
+        "max_trials": None,
+        "max_parallel": 1,
+        "pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 2},
+    }
+    assert undriven.post("/api/v1/sweeps", json=body).status_code == 201
+    quick = settings.model_copy(update={"sweep_lease_s": 1.0})
+    first, second = (Driver(engine, quick, CatalogCache()) for _ in range(2))
+    for loss in (1.0, 2.0, 3.0, 4.0):  # each trial run one at a time, to its end
+        first.drive()
+        play_worker(engine, lambda _, loss=loss: loss)  # type: ignore[misc]
+    first.drive()  # the last trial queued
+    wait_for(lambda: (second.drive(), bool(second.held))[1], 5, "the takeover")
+    claimed = store.claim_job(engine, **WORKER)
+    assert claimed is not None
+    point = MetricPoint("val/loss", 1, 1, 9.0, time.time())
+    assert store.report(engine, claimed.fence, metrics=[point])
+    second.drive()
+    job = undriven.get(f"/api/v1/jobs/{claimed.fence.job_id}").json()
+    assert job["status"] == "cancelling" and job["reason"]["code"] == "pruned", job
