@@ -242,14 +242,15 @@ def test_a_long_reason_is_one_line_in_the_list_and_whole_on_the_job_page(
     keep_screenshot(browser, tmp_path, "dashboard-list-long-reason")
 
     browser.get(f"{stack.url}/#/jobs/{job_id}")
-    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#job-reason pre.reason-text")))
-    pre = browser.find_element(By.CSS_SELECTOR, "#job-reason pre.reason-text")
-    assert pre.get_attribute("textContent") == PIP_LOG
+    # read in one script: the page draws the reason again as the job's events arrive, so
+    # an element found in one call may be gone by the next
+    shown = "return document.querySelector('#job-reason pre.reason-text')?.textContent"
+    wait.until(lambda b: b.execute_script(shown) is not None)
+    assert browser.execute_script(shown) == PIP_LOG
     assert text_of(browser, "#job-reason .reason-code") == "requirements_failed"
     scroll = browser.execute_script(
-        "const e = arguments[0];"
-        "return [e.scrollHeight, e.clientHeight, getComputedStyle(e).overflowY];",
-        pre,
+        "const e = document.querySelector('#job-reason pre.reason-text');"
+        "return [e.scrollHeight, e.clientHeight, getComputedStyle(e).overflowY];"
     )
     assert scroll[0] > scroll[1] and scroll[2] == "auto", scroll  # scrolls within its box
     keep_screenshot(browser, tmp_path, "dashboard-job-long-reason")

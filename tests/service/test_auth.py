@@ -38,6 +38,10 @@ ROUTES = [
     ("GET", "/api/v1/users/alice/tokens"),
     ("POST", "/api/v1/tokens/1/revoke"),
     ("GET", "/api/v1/audit"),
+    ("GET", "/api/v1/sweeps"),
+    ("POST", "/api/v1/sweeps"),
+    ("GET", "/api/v1/sweeps/1"),
+    ("POST", "/api/v1/sweeps/1/cancel"),
     ("GET", "/api/v1/users/usage"),
 ]
 
@@ -50,6 +54,7 @@ def test_every_api_route_needs_the_token(settings: Settings, engine: Engine) -> 
         }
         assert api_paths == {
             p.replace("/jobs/1", "/jobs/{job_id}")
+            .replace("/sweeps/1", "/sweeps/{sweep_id}")
             .replace("model.safetensors", "{name}")
             .replace(DIGEST, "{digest}")
             .replace("/users/alice/", "/users/{name}/")

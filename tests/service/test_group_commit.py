@@ -17,7 +17,7 @@ from service.db import read_session, write_session
 from service.group_commit import GroupCommit, committer
 from service.models import BOOTSTRAP_USER, Job, JobCreate
 from service.reasons import ReasonCode
-from service.store.submit import NewJob, _insert_jobs, _row
+from service.store.submit import NewJob, insert_jobs, job_row
 
 
 def test_concurrent_submits_each_get_their_own_job(engine: Engine) -> None:
@@ -67,8 +67,8 @@ def first_batch_waiting(engine: Engine, writer: GroupCommit, row: NewJob) -> Ite
 def test_a_submit_cancelled_before_its_batch_is_never_written(engine: Engine) -> None:
     """A request whose client went away before its batch began is dropped; the writer
     carries on with the next."""
-    writer = committer(engine, _insert_jobs)
-    row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
+    writer = committer(engine, insert_jobs)
+    row = job_row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
     submits = []
     with first_batch_waiting(engine, writer, NewJob({**row, "seed": 0})) as first:
         assert not first.cancel()
@@ -104,8 +104,8 @@ def test_a_row_the_database_refuses_fails_only_its_own_submit(
     passed no validation (it is built by hand), as one that got past it would."""
     if "name" in refused and engine.dialect.name == "sqlite":
         pytest.skip("SQLite stores a NUL")
-    writer = committer(engine, _insert_jobs)
-    row = _row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
+    writer = committer(engine, insert_jobs)
+    row = job_row(JobCreate(recipe="r"), (ReasonCode.queued, "waiting"), BOOTSTRAP_USER)
     with first_batch_waiting(engine, writer, NewJob({**row, "seed": 0})) as first:
         good = [writer.enqueue(NewJob({**row, "seed": i})) for i in range(1, 4)]
         bad = writer.enqueue(NewJob({**row, **refused}))

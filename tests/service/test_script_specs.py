@@ -104,11 +104,16 @@ def test_specs_that_mix_recipes_and_scripts_are_refused(
     assert error["loc"][1] == loc and words in error["msg"], error
 
 
-@pytest.mark.parametrize("field", ["epochs", "batch_size", "lr", "params", "checkpoint_every"])
+@pytest.mark.parametrize("field", ["epochs", "batch_size", "lr", "checkpoint_every"])
 def test_recipe_settings_on_a_script_job_are_refused(api: TestClient, field: str) -> None:
-    value: Any = {"params": {"width": 4}}.get(field, 2)
-    [error] = refused(api, script(put(api, PACKAGE), **{field: value}))
+    [error] = refused(api, script(put(api, PACKAGE), **{field: 2}))
     assert error["loc"] == ["body", field] and "entrypoint" in error["msg"]
+
+
+def test_a_script_job_takes_params_for_its_own_reading(api: TestClient) -> None:
+    # they reach the script as JSON in TRAINYARD_PARAMS (a sweep's values among them)
+    r = api.post("/api/v1/jobs", json=script(put(api, PACKAGE), params={"width": 4}))
+    assert r.status_code == 201 and r.json()["params"] == {"width": 4}, r.text
 
 
 @pytest.mark.parametrize("name", ["../x", ".hidden", "a/b", "", "x" * 201])

@@ -253,6 +253,10 @@ function renderButtons(ui, job, me) {
 /** One line as it is; a longer text (a pip log, the end of stderr) whole, scrollable. */
 function renderReason(el, reason) {
   const text = reason?.message.trimEnd() ?? "";
+  // drawn again only when it changed: a long reason keeps where its reader scrolled it
+  const drawn = `${reason?.code}\n${text}`;
+  if (el.dataset.drawn === drawn) return;
+  el.dataset.drawn = drawn;
   if (!text.includes("\n")) {
     fill(el, reason ? `${text} (${reason.code})` : "");
     return;
