@@ -22,6 +22,7 @@ BENCHMARKS = [
     ["script_speed"],
     ["multi_node"],
     ["multi_node", "--no-pin"],
+    ["sweeps"],
 ]
 
 if __name__ == "__main__":
