@@ -30,6 +30,7 @@ from service import users
 from service.catalog import CatalogCache
 from service.db import read_session
 from service.errors import QueueQuotaReached, SpecInvalid
+from service.jobspec import is_script
 from service.models import JobStatus
 from service.reasons import ReasonCode
 from service.settings import Settings
@@ -262,12 +263,14 @@ class Driver:
             return True
         assert row.job_id is not None  # a running trial has a job
         at_points = _intermediate(spec, points)
-        give_up, notes = held.study.report(row.number, at_points.items())
+        # Only a running job is stopped, and never at its last point: nothing is left to
+        # save there, and its whole result would be lost to the ranking.
+        budget = _budget(spec, row) if row.job_status == JobStatus.running else None
+        at, notes = held.study.report(row.number, at_points.items(), budget)
         if notes is not None and not store.note_trial(self.engine, held.fence, row.number, notes):
             return False
-        if not give_up or row.job_status != JobStatus.running:
+        if at is None:
             return True
-        at = max(at_points)
         why = (
             f"pruned by the sweep's {spec.pruner.type} pruner at {spec.pruner.resource} {at}: "
             f"{spec.metric} {at_points[at]:.4g} trails the other trials there"
@@ -384,6 +387,20 @@ def _failed(state: TrialState, job_status: JobStatus | None) -> bool:
     """A trial that failed on its own: its job failed, or its spec was refused (a trial a
     person cancelled is no sign the next would fail)."""
     return state == TrialState.failed and job_status in (JobStatus.failed, None)
+
+
+def _budget(spec: SweepCreate, row: TrialRow) -> int:
+    """A trial's last point, in the pruner's resource: its epochs, or its total steps
+    (as its progress says, else as its spec does)."""
+    progress = row.progress or {}
+    assert spec.pruner is not None
+    unknown = 2**31  # a script that does not say: any point may be pruned
+    if spec.pruner.resource == Resource.step:
+        return int(progress.get("total_steps") or unknown)
+    if progress.get("epochs"):
+        return int(progress["epochs"])
+    recipe_epochs = not is_script(spec.job) and "epochs" not in spec.parameters
+    return spec.job.epochs if recipe_epochs else unknown
 
 
 def _target(spec: SweepCreate) -> int:

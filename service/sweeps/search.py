@@ -105,24 +105,31 @@ class Study:
         return trial.number, dict(trial.params), _json_safe(frozen.system_attrs)
 
     def report(
-        self, number: int, points: Iterable[tuple[int, float]]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        """Tell a running trial its new points (resource, value): whether to prune it,
-        and the trial's notes if the pruner changed them (ASHA notes each rung a trial
-        passes on the trial: kept with its row, a rebuilt study knows them)."""
+        self, number: int, points: Iterable[tuple[int, float]], prune_before: int | None
+    ) -> tuple[int | None, dict[str, Any] | None]:
+        """Tell a trial its new points (resource, value), in order, asking the pruner after
+        each (ASHA notes the value at each rung a trial reaches: that is what the others
+        are ranked against, a fast trial's too). Returns the first point the pruner gave
+        the trial up at, if one is before ``prune_before`` (None: pruning is off for it:
+        its job ended, or the point is its last), and the trial's notes if they changed
+        (kept with its row, so a rebuilt study knows them)."""
         told = self.told.setdefault(number, set())
         fresh = [(at, value) for at, value in points if at not in told and math.isfinite(value)]
         if not fresh:
-            return False, None
+            return None, None
         before = dict(self._frozen(number).system_attrs)
         trial = optuna.trial.Trial(self.study, self._frozen(number)._trial_id)
+        give_up = None
         with _quiet():
             for at, value in sorted(fresh):
                 trial.report(value, at)
                 told.add(at)
-            prune = trial.should_prune()
+                judged = trial.should_prune()
+                if judged and prune_before is not None and at < prune_before:
+                    give_up = at  # the rest of its points would be judged by this one
+                    break
         after = self._frozen(number).system_attrs
-        return prune, (_json_safe(after) if after != before else None)
+        return give_up, (_json_safe(after) if after != before else None)
 
     def end(self, number: int, state: str, value: float | None) -> None:
         """The trial ended: complete with its value, pruned, or failed."""

@@ -275,6 +275,7 @@ def test_a_pruned_trial_stops_as_a_cancel_and_one_that_trained_to_its_end_counts
         "max_trials": None,
         "max_parallel": 1,
         "pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 2},
+        "job": {**TINY, "epochs": 4},  # epoch 1 is not its last: it may be pruned there
     }
     sweep_id = undriven.post("/api/v1/sweeps", json=body).json()["id"]
     driver = Driver(engine, settings, CatalogCache())
@@ -406,6 +407,7 @@ def test_asha_taken_over_remembers_the_rungs_trials_passed(
         "max_trials": None,
         "max_parallel": 1,
         "pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 2},
+        "job": {**TINY, "epochs": 4},  # epoch 1 is not its last: it may be pruned there
     }
     assert undriven.post("/api/v1/sweeps", json=body).status_code == 201
     quick = settings.model_copy(update={"sweep_lease_s": 1.0})
@@ -422,3 +424,29 @@ def test_asha_taken_over_remembers_the_rungs_trials_passed(
     second.drive()
     job = undriven.get(f"/api/v1/jobs/{claimed.fence.job_id}").json()
     assert job["status"] == "cancelling" and job["reason"]["code"] == "pruned", job
+
+
+def test_a_trial_is_never_pruned_at_its_last_epoch(
+    undriven: TestClient, engine: Engine, settings: Settings, add_worker: Callable[..., Any]
+) -> None:
+    """Nothing is left to save there, and its whole result would be lost to the ranking."""
+    add_worker()
+    body = {
+        **GOOD,
+        "parameters": {"params.width": {"type": "categorical", "values": [1, 2]}},
+        "search": "grid",
+        "max_trials": None,
+        "max_parallel": 1,
+        "pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 2},
+        "job": {**TINY, "epochs": 1},
+    }
+    assert undriven.post("/api/v1/sweeps", json=body).status_code == 201
+    driver = Driver(engine, settings, CatalogCache())
+    driver.drive()
+    play_worker(engine, lambda _: 1.0)
+    driver.drive()
+    claimed = store.claim_job(engine, **WORKER)
+    assert claimed is not None
+    assert store.report(engine, claimed.fence, metrics=[MetricPoint("val/loss", 1, 1, 9.0, 0.0)])
+    driver.drive()
+    assert undriven.get(f"/api/v1/jobs/{claimed.fence.job_id}").json()["status"] == "running"
