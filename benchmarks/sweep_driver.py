@@ -22,7 +22,16 @@ from service.models import JobStatus, Worker
 from service.points import MetricPoint
 from service.reasons import ReasonCode
 from service.settings import Settings
-from service.store import Fence, Outcome, claim_job, finish_attempt, load_job, renew_lease, report
+from service.store import (
+    Fence,
+    Outcome,
+    claim_job,
+    finish_attempt,
+    load_job,
+    renew_lease,
+    report,
+    sweep_reads,
+)
 from service.store import sweeps as sweep_store
 from service.sweeps import search
 from service.sweeps.driver import Driver
@@ -116,8 +125,8 @@ def drive_sweep(tmp: Path, trials: int, method: str, asha: bool) -> dict[str, An
                 running[got.fence.job_id] = (got.fence, 0, load_job(engine, got.fence.job_id).lr)
             play_worker(engine, running)
         with read_session(engine) as session:
-            sweep = sweep_store.get_sweep(session, sweep_id)
-            counts = sweep_store.job_counts(session, sweep_id)
+            sweep = sweep_reads.get_sweep(session, sweep_id)
+            counts = sweep_reads.job_counts(session, sweep_id)
     finally:
         for restore in undo:
             restore()

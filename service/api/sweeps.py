@@ -27,6 +27,7 @@ from service.db import read_session
 from service.errors import SpecInvalid
 from service.models import MAX_INT32, MAX_INT64, JobCreate, NulFreeStr
 from service.settings import Settings
+from service.store import sweep_reads
 from service.store import sweeps as store
 from service.sweeps.models import SWEEP_EXAMPLE, SweepCreate, SweepList, SweepRead, SweepStatus
 from service.sweeps.reads import read_sweep
@@ -113,7 +114,7 @@ def list_sweeps(
     """Sweeps with their counts and best trial (GET one for every trial)."""
     owner = who.name if owner == "me" else owner
     with read_session(engine) as session:
-        rows, total = store.list_sweeps(
+        rows, total = sweep_reads.list_sweeps(
             session, status=status_, owner=owner, limit=limit, offset=offset
         )
         items = [read_sweep(session, s, with_trials=False) for s in rows]
@@ -126,7 +127,7 @@ def get_sweep(sweep_id: SweepId, engine: EngineDep) -> SweepRead:
     """Status, counts, the best trial so far, and each trial: its job, values, status
     (pruned ones marked), the metric's last and best value, and how far it got."""
     with read_session(engine) as session:
-        return read_sweep(session, store.get_sweep(session, sweep_id))
+        return read_sweep(session, sweep_reads.get_sweep(session, sweep_id))
 
 
 @router.post(

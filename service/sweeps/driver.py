@@ -34,8 +34,10 @@ from service.jobspec import is_script
 from service.models import JobStatus
 from service.reasons import ReasonCode
 from service.settings import Settings
+from service.store import sweep_reads as reads
 from service.store import sweeps as store
-from service.store.sweeps import SweepFence, TrialRow
+from service.store.sweep_reads import TrialRow
+from service.store.sweeps import SweepFence
 from service.sweeps.models import Mode, Resource, SweepCreate, SweepStatus, TrialState
 from service.sweeps.space import grid_size, trial_spec
 
@@ -127,10 +129,10 @@ class Driver:
         from service.sweeps.search import PastTrial, Study  # Optuna: when first needed
 
         with read_session(self.engine) as session:
-            sweep = store.get_sweep(session, fence.sweep_id)
-            rows = store.trials(session, fence.sweep_id)
+            sweep = reads.get_sweep(session, fence.sweep_id)
+            rows = reads.trials(session, fence.sweep_id)
             jobs = [r.job_id for r in rows if r.job_id is not None]
-            points = store.points(session, jobs, sweep.spec["metric"])
+            points = reads.points(session, jobs, sweep.spec["metric"])
         spec = SweepCreate.model_validate(sweep.spec)
         by_job: dict[int, list[Point]] = {}
         seen: dict[int, int] = {}
@@ -213,10 +215,10 @@ class Driver:
             return True
         spec = held.spec
         with read_session(self.engine) as session:
-            rows = store.trials(session, held.fence.sweep_id, list(held.open))
+            rows = reads.trials(session, held.fence.sweep_id, list(held.open))
             jobs = [r.job_id for r in rows if r.job_id is not None]
             after = min((held.seen_seq.get(j, 0) for j in jobs), default=0)
-            fresh = store.points(session, jobs, spec.metric, after)
+            fresh = reads.points(session, jobs, spec.metric, after)
         new: dict[int, list[Point]] = {}
         seen = dict(held.seen_seq)  # what was read before this pass, per job
         for job_id, step, epoch, value, seq in fresh:

@@ -7,8 +7,8 @@ from sqlmodel import Session
 
 from service.models import JobStatus, Progress, Reason
 from service.reasons import ReasonCode
-from service.store import sweeps as store
-from service.store.sweeps import TrialRow
+from service.store import sweep_reads as store
+from service.store.sweep_reads import TrialRow
 from service.sweeps.models import Sweep, SweepCounts, SweepRead, TrialRead
 
 

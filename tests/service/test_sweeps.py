@@ -25,8 +25,7 @@ from service.models import Job, JobStatus
 from service.points import MetricPoint
 from service.reasons import ReasonCode as R
 from service.settings import Settings
-from service.store import Outcome
-from service.store import sweeps as sweep_store
+from service.store import Outcome, sweep_reads
 from service.sweeps import search  # noqa: F401  (Optuna imported before the lease clock runs)
 from service.sweeps.driver import Driver
 from service.sweeps.models import Sweep, SweepCreate
@@ -193,7 +192,7 @@ def test_two_drivers_share_a_sweep_by_its_lease_and_count_no_trial_twice(
 
     def widths() -> None:
         with read_session(engine) as session:
-            for row in sweep_store.trials(session, sweep_id):
+            for row in sweep_reads.trials(session, sweep_id):
                 width[row.job_id] = row.values["params.width"]
 
     first.drive()
