@@ -14,13 +14,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response, status
+from fastapi import APIRouter, Header, Path, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from sqlalchemy import Engine
 
 from service import blob_rows, blob_upkeep
-from service.api.deps import BlobStoreDep, EngineDep, IdentityDep, SettingsDep, pooled
+from service.api.deps import (
+    BlobStoreDep,
+    EngineDep,
+    IdentityDep,
+    PageLimit,
+    PageOffset,
+    SettingsDep,
+    pooled,
+)
 from service.api.responses import BLOB_NOT_FOUND, GUARDED, WRITE, error
 from service.blob_rows import BlobList, BlobRead
 from service.blobs import MAX_BLOB_SETTING
@@ -172,8 +180,8 @@ async def download_blob(
 def list_blobs(
     engine: EngineDep,
     who: IdentityDep,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
+    limit: PageLimit = 50,
+    offset: PageOffset = 0,
 ) -> BlobList:
     """Stored blobs with their metadata, newest first, one page: an admin's every blob, a
     user's those they uploaded or their jobs use."""

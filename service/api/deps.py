@@ -13,7 +13,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Annotated, ParamSpec, TypeVar
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 from service.api.guard import MISSING_TOKEN
 from service.blobs import BlobStore
 from service.catalog import Catalog, CatalogCache
+from service.models import MAX_INT64, NulFreeStr
 from service.settings import Settings
 from service.users import Identity
 
@@ -94,6 +95,18 @@ async def get_identity(
 
 AuthDep = Depends(get_identity)
 IdentityDep = Annotated[Identity, Depends(get_identity)]
+
+# A listing's page and its owner filter, as every listing takes them.
+PageLimit = Annotated[int, Query(ge=1, le=500)]
+PageOffset = Annotated[int, Query(ge=0, le=MAX_INT64)]
+OwnerFilter = Annotated[
+    NulFreeStr | None, Query(max_length=64, description="A user's name, or me: your own.")
+]
+
+
+def owner_named(who: Identity, owner: str | None) -> str | None:
+    """The owner a listing's filter names: ``me`` is whoever asks."""
+    return who.name if owner == "me" else owner
 
 
 P = ParamSpec("P")

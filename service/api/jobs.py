@@ -39,7 +39,11 @@ from service.api.deps import (
     CatalogsDep,
     EngineDep,
     IdentityDep,
+    OwnerFilter,
+    PageLimit,
+    PageOffset,
     SettingsDep,
+    owner_named,
     pooled,
 )
 from service.api.responses import (
@@ -59,7 +63,6 @@ from service.events import HeldStream
 from service.models import (
     JOB_EXAMPLE,
     MAX_INT32,
-    MAX_INT64,
     SCRIPT_EXAMPLE,
     Job,
     JobCreate,
@@ -159,19 +162,16 @@ def list_jobs(
     engine: EngineDep,
     who: IdentityDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
-    owner: Annotated[
-        NulFreeStr | None,
-        Query(max_length=64, description="A user's name, or me: your own jobs."),
-    ] = None,
+    owner: OwnerFilter = None,
     sweep: Annotated[
         int | None, Query(ge=1, le=MAX_INT32, description="Only this sweep's trials.")
     ] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
+    limit: PageLimit = 50,
+    offset: PageOffset = 0,
 ) -> JobList:
     """Jobs, optionally of one status, one owner and one sweep, newest first. Everyone
     sees every job: a shared box is transparent."""
-    owner = who.name if owner == "me" else owner
+    owner = owner_named(who, owner)
     with read_session(engine) as session:
         rows, total = store.list_jobs(
             session, status=status_, owner=owner, sweep=sweep, limit=limit, offset=offset

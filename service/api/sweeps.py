@@ -12,7 +12,18 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Engine
 
 from service.admission import admit, check_trial
-from service.api.deps import BlobStoreDep, CatalogsDep, EngineDep, IdentityDep, SettingsDep, pooled
+from service.api.deps import (
+    BlobStoreDep,
+    CatalogsDep,
+    EngineDep,
+    IdentityDep,
+    OwnerFilter,
+    PageLimit,
+    PageOffset,
+    SettingsDep,
+    owner_named,
+    pooled,
+)
 from service.api.responses import (
     GUARDED,
     JSON_BODY,
@@ -25,7 +36,7 @@ from service.api.responses import (
 from service.catalog import CatalogCache, check_spec
 from service.db import read_session
 from service.errors import SpecInvalid
-from service.models import MAX_INT32, MAX_INT64, JobCreate, NulFreeStr
+from service.models import MAX_INT32, JobCreate
 from service.settings import Settings
 from service.store import sweep_reads
 from service.store import sweeps as store
@@ -104,15 +115,12 @@ def list_sweeps(
     engine: EngineDep,
     who: IdentityDep,
     status_: Annotated[SweepStatus | None, Query(alias="status")] = None,
-    owner: Annotated[
-        NulFreeStr | None,
-        Query(max_length=64, description="A user's name, or me: your own sweeps."),
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
+    owner: OwnerFilter = None,
+    limit: PageLimit = 50,
+    offset: PageOffset = 0,
 ) -> SweepList:
     """Sweeps with their counts and best trial (GET one for every trial)."""
-    owner = who.name if owner == "me" else owner
+    owner = owner_named(who, owner)
     with read_session(engine) as session:
         rows, total = sweep_reads.list_sweeps(
             session, status=status_, owner=owner, limit=limit, offset=offset

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, status
 
 from service import audit, users
-from service.api.deps import EngineDep, IdentityDep, pooled
+from service.api.deps import EngineDep, IdentityDep, PageLimit, PageOffset, pooled
 from service.api.responses import GUARDED, JSON_BODY, WRITE, Responses, error
 from service.audit import AuditPage
 from service.db import read_session
@@ -109,8 +109,8 @@ def audit_trail(
     engine: EngineDep,
     who: IdentityDep,
     actor: Annotated[str | None, Query(max_length=64, description="One user's acts.")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
+    limit: PageLimit = 50,
+    offset: PageOffset = 0,
 ) -> AuditPage:
     users.check_admin(who, "read the audit trail")
     with read_session(engine) as session:
