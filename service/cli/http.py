@@ -78,6 +78,16 @@ def unreachable(client: httpx.Client, exc: httpx.HTTPError) -> typer.Exit:
     return typer.Exit(2)
 
 
+def listing(limit: int, status: str | None, mine: bool, owner: str | None) -> dict[str, Any]:
+    """A listing's query (jobs, sweeps): a page, of one status, one owner's or your own."""
+    params: dict[str, Any] = {"limit": limit}
+    if status:
+        params["status"] = status
+    if mine or owner:
+        params["owner"] = "me" if mine else owner
+    return params
+
+
 def call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
     """The JSON of the server's answer; an error printed and the exit raised otherwise."""
     try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import typer
+import yaml
 from rich.console import Console
 
 from service.cli.blobs import upload
@@ -42,6 +43,18 @@ def data_option(items: list[str]) -> dict[str, Path]:
             )
         files[name] = path
     return files
+
+
+def read_mapping(file: Path, fields: str) -> dict[str, Any]:
+    """A YAML or JSON file that holds a mapping (of ``fields``: "job fields"), or the
+    command's usage error saying why not."""
+    try:
+        loaded = yaml.safe_load(file.read_text())  # YAML is a superset of JSON
+    except (OSError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"cannot read {file}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise typer.BadParameter(f"{file} must hold a mapping of {fields}")
+    return loaded
 
 
 def from_job_file(spec: dict[str, Any], base: Path) -> None:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect
+from service.cli.http import TokenOpt, UrlOpt, call, connect, listing
 from service.cli.printable import printable
 from service.cli.show import node_line, print_job, print_jobs
 
@@ -97,11 +97,7 @@ def list_jobs(
     token: TokenOpt = None,
 ) -> None:
     """List jobs, newest first: everyone's, one user's, or one sweep's trials."""
-    params: dict[str, Any] = {"limit": limit}
-    if status_:
-        params["status"] = status_
-    if mine or owner:
-        params["owner"] = "me" if mine else owner
+    params = listing(limit, status_, mine, owner)
     if sweep is not None:
         params["sweep"] = sweep
     with connect(url, token) as client:

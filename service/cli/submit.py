@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
 from service.cli.app import app
 from service.cli.http import TokenOpt, UrlOpt, call, connect
-from service.cli.inputs import data_option, from_job_file, upload_inputs
+from service.cli.inputs import data_option, from_job_file, read_mapping, upload_inputs
 from service.cli.jobs import follow_job
 
 
@@ -148,12 +147,7 @@ def submit(
 
 def _job_file(file: Path) -> dict[str, Any]:
     """The fields of a YAML or JSON job file, its paths made relative to where it lies."""
-    try:
-        loaded = yaml.safe_load(file.read_text())  # YAML is a superset of JSON
-    except (OSError, yaml.YAMLError) as exc:
-        raise typer.BadParameter(f"cannot read {file}: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise typer.BadParameter(f"{file} must hold a mapping of job fields")
+    loaded = read_mapping(file, "job fields")
     from_job_file(loaded, file.parent)
     return loaded
 

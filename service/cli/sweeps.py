@@ -10,15 +10,14 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect, refused, unreachable
-from service.cli.inputs import from_job_file, upload_inputs
+from service.cli.http import TokenOpt, UrlOpt, call, connect, listing
+from service.cli.inputs import from_job_file, read_mapping, upload_inputs
 from service.cli.printable import printable
 
 FOLLOW_POLL_S = 1.0
@@ -55,7 +54,7 @@ def create(
     body = _sweep_file(file)
     with connect(url, token) as client:
         upload_inputs(client, body["job"])
-        sweep = _post_sweep(client, body)
+        sweep = call(client, "POST", "/sweeps", json=body)
         typer.echo(sweep["id"])
         if follow:
             raise typer.Exit(follow_sweep(client, sweep["id"]))
@@ -110,11 +109,7 @@ def list_sweeps(
     token: TokenOpt = None,
 ) -> None:
     """List sweeps, newest first."""
-    params: dict[str, Any] = {"limit": limit}
-    if status_:
-        params["status"] = status_
-    if mine or owner:
-        params["owner"] = "me" if mine else owner
+    params = listing(limit, status_, mine, owner)
     with connect(url, token) as client:
         sweeps = call(client, "GET", "/sweeps", params=params)["items"]
     if as_json:
@@ -245,25 +240,8 @@ def _value(value: Any) -> str:
 
 def _sweep_file(file: Path) -> dict[str, Any]:
     """A sweep file's body; its job's code and data paths made relative to the file."""
-    try:
-        loaded = yaml.safe_load(file.read_text())  # YAML is a superset of JSON
-    except (OSError, yaml.YAMLError) as exc:
-        raise typer.BadParameter(f"cannot read {file}: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise typer.BadParameter(f"{file} must hold a mapping of sweep fields")
+    loaded = read_mapping(file, "sweep fields")
     if not isinstance(loaded.get("job"), dict):
         raise typer.BadParameter(f"{file}: job: must be a mapping of job fields")
     from_job_file(loaded["job"], file.parent)
     return loaded
-
-
-def _post_sweep(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    """The created sweep; a refused file's reason printed, exiting as ``submit`` does."""
-    try:
-        response = client.post("/sweeps", json=body)
-    except httpx.HTTPError as exc:
-        raise unreachable(client, exc) from exc
-    if response.is_error:
-        refused(response)
-    created: dict[str, Any] = response.json()
-    return created
