@@ -29,7 +29,6 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("reason_code", String(length=32), nullable=True),
         sa.Column("reason_message", String(length=2000), nullable=True),
-        sa.Column("trials_started", sa.Integer(), nullable=False),
         sa.Column("driver_id", String(length=200), nullable=True),
         sa.Column("lease_token", String(length=64), nullable=True),
         sa.Column("lease_expires_at", sa.DateTime(), nullable=True),

@@ -136,11 +136,6 @@ def start_trial(
         assert not isinstance(inserted, Exception)
         trial = {"number": number, "job_id": inserted.id, "values": values}
         session.add(SweepTrial(sweep_id=fence.sweep_id, system_attrs=system_attrs, **trial))
-        session.exec(
-            update(Sweep)
-            .where(col(Sweep.id) == fence.sweep_id)
-            .values(trials_started=Sweep.trials_started + 1)
-        )
         return int(inserted.id)
 
 
@@ -167,11 +162,6 @@ def refused_trial(
                 **trial,
             )
         )
-        session.exec(
-            update(Sweep)
-            .where(col(Sweep.id) == fence.sweep_id)
-            .values(trials_started=Sweep.trials_started + 1)
-        )
         return True
 
 
@@ -184,7 +174,7 @@ def end_trial(
             return False
         session.exec(
             update(SweepTrial)
-            .where(col(SweepTrial.sweep_id) == fence.sweep_id, col(SweepTrial.number) == number)
+            .where(*_trial(fence, number))
             .values(state=state, value=value, ended_at=utcnow())
         )
         return True
@@ -196,11 +186,7 @@ def note_trial(engine: Engine, fence: SweepFence, number: int, notes: dict[str, 
     with write_session(engine) as session:
         if not _hold(session, fence):
             return False
-        session.exec(
-            update(SweepTrial)
-            .where(col(SweepTrial.sweep_id) == fence.sweep_id, col(SweepTrial.number) == number)
-            .values(system_attrs=notes)
-        )
+        session.exec(update(SweepTrial).where(*_trial(fence, number)).values(system_attrs=notes))
         return True
 
 
@@ -216,7 +202,7 @@ def prune(
             cancel_in(session, job_id, Identity(owner, admin=False), pruned=why)
         session.exec(
             update(SweepTrial)
-            .where(col(SweepTrial.sweep_id) == fence.sweep_id, col(SweepTrial.number) == number)
+            .where(*_trial(fence, number))
             .values(state=TrialState.pruned, ended_at=utcnow())
         )
         return True
@@ -264,6 +250,10 @@ def cancel_sweep(engine: Engine, sweep_id: int, by: Identity) -> Sweep:
         audit.record(session, by.name, Action.sweep_cancelled, f"sweep {sweep_id}")
         session.flush()
         return sweep
+
+
+def _trial(fence: SweepFence, number: int) -> list[Any]:
+    return [col(SweepTrial.sweep_id) == fence.sweep_id, col(SweepTrial.number) == number]
 
 
 def _cancel_open(session: Session, sweep_id: int, by: Identity) -> None:

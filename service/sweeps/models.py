@@ -205,7 +205,6 @@ class Sweep(SQLModel, table=True):
     status: SweepStatus = Field(SweepStatus.running, sa_type=EnumAsString(SweepStatus))
     reason_code: str | None = Field(None, max_length=32)
     reason_message: str | None = Field(None, max_length=2000)
-    trials_started: int = 0
     # The driver that holds it: at most one process asks for, prunes and records trials.
     driver_id: str | None = Field(None, max_length=200)
     lease_token: str | None = Field(None, max_length=64)
