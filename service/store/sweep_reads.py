@@ -133,11 +133,12 @@ def refused_count(session: Session, sweep_id: int) -> int:
     )
 
 
-def best_number(session: Session, sweep_id: int, lowest: bool) -> int | None:
-    """The complete trial with the best value (lowest or highest), if any."""
+def best_trial(session: Session, sweep_id: int, lowest: bool) -> tuple[int, float] | None:
+    """The complete trial with the best value (lowest or highest; ties: the earliest),
+    as (number, value), if any."""
     order = col(SweepTrial.value).asc() if lowest else col(SweepTrial.value).desc()
     row = session.exec(
-        select(SweepTrial.number)
+        select(SweepTrial.number, SweepTrial.value)
         .where(
             col(SweepTrial.sweep_id) == sweep_id,
             SweepTrial.state == TrialState.complete,
@@ -146,7 +147,17 @@ def best_number(session: Session, sweep_id: int, lowest: bool) -> int | None:
         .order_by(order, col(SweepTrial.number))
         .limit(1)
     ).first()
-    return None if row is None else int(row[0])
+    return None if row is None else (int(row[0]), float(row[1]))
+
+
+def state_counts(session: Session, sweep_id: int) -> dict[TrialState, int]:
+    """How many of the sweep's trials are in each state."""
+    rows = session.exec(
+        select(SweepTrial.state, func.count())
+        .where(col(SweepTrial.sweep_id) == sweep_id)
+        .group_by(col(SweepTrial.state))
+    ).all()
+    return {TrialState(state): int(n) for state, n in rows}
 
 
 def get_sweep(session: Session, sweep_id: int) -> Sweep:

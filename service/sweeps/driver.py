@@ -68,8 +68,6 @@ class Held:
     open: dict[int, int] = field(default_factory=dict)  # trial number -> job id, job not ended
     seen_seq: dict[int, int] = field(default_factory=dict)  # job id -> last metric point read
     last: dict[int, float | None] = field(default_factory=dict)  # number -> last value
-    ended: dict[TrialState, int] = field(default_factory=dict)
-    results: dict[int, float] = field(default_factory=dict)  # complete trials' values
     failed: set[int] = field(default_factory=set)  # trials whose job failed (or never ran)
     pending: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # asked, not started
 
@@ -179,10 +177,6 @@ class Driver:
                 r.state == TrialState.running or r.job_status not in ENDED
             ):
                 held.open[r.number] = r.job_id
-            if r.state != TrialState.running:
-                held.ended[r.state] = held.ended.get(r.state, 0) + 1
-            if r.state == TrialState.complete and r.value is not None:
-                held.results[r.number] = r.value
             if _failed(r.state, r.job_status):
                 held.failed.add(r.number)
             held.last[r.number] = _last(by_job.get(r.job_id or 0, []))
@@ -250,12 +244,7 @@ class Driver:
         value = held.last.get(row.number)
         if row.job_status != JobStatus.succeeded or value is None:
             return True
-        if not store.end_trial(self.engine, held.fence, row.number, TrialState.complete, value):
-            return False
-        held.ended[TrialState.pruned] -= 1
-        held.ended[TrialState.complete] = held.ended.get(TrialState.complete, 0) + 1
-        held.results[row.number] = value
-        return True
+        return store.end_trial(self.engine, held.fence, row.number, TrialState.complete, value)
 
     def _report(self, held: Held, row: TrialRow, points: list[Point]) -> bool:
         """Tell the study a trial's new points; prune it if the pruner says so and its job
@@ -280,7 +269,6 @@ class Driver:
         if not store.prune(self.engine, held.fence, row.number, row.job_id, held.owner, why):
             return False
         held.study.end(row.number, TrialState.pruned, None)
-        held.ended[TrialState.pruned] = held.ended.get(TrialState.pruned, 0) + 1
         log.info("sweep %d: trial %d (job %d) %s", held.fence.sweep_id, row.number, row.job_id, why)
         return True
 
@@ -296,29 +284,39 @@ class Driver:
         if not store.end_trial(self.engine, held.fence, row.number, state, value):
             return False
         held.study.end(row.number, state, value)
-        held.ended[state] = held.ended.get(state, 0) + 1
         if _failed(state, row.job_status):
             held.failed.add(row.number)
-        if state == TrialState.complete and value is not None:
-            held.results[row.number] = value
         return True
 
     def _end_if_done(self, held: Held) -> bool:
         """End the sweep when every trial has ended, or its first ones all failed."""
         first = set(range(FAILED_TRIALS_TO_STOP))
-        if first <= held.failed and not held.results:
+        if first <= held.failed and self._best(held) is None:
             status = SweepStatus.failed  # the rest would fail too: end_sweep cancels them
             reason = (
                 ReasonCode.error,
                 f"its first {FAILED_TRIALS_TO_STOP} trials failed, none succeeded",
             )
         elif held.started >= held.target and not held.open:
-            status, reason = SweepStatus.finished, (ReasonCode.succeeded, _summary(held))
+            status, reason = SweepStatus.finished, (ReasonCode.succeeded, self._summary(held))
         else:
             return False
         if store.end_sweep(self.engine, held.fence, status, reason):
             log.info("sweep %d: %s: %s", held.fence.sweep_id, status, reason[1])
         return True
+
+    def _best(self, held: Held) -> tuple[int, float] | None:
+        with read_session(self.engine) as session:
+            return reads.best_trial(session, held.fence.sweep_id, held.spec.mode == Mode.min)
+
+    def _summary(self, held: Held) -> str:
+        """How the sweep's trials ended, and its best: its reason when it finishes."""
+        with read_session(self.engine) as session:
+            counts = reads.state_counts(session, held.fence.sweep_id)
+        best = self._best(held)
+        said = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n)
+        told = f"; best: trial {best[0]} ({held.spec.metric} {best[1]:.6g})" if best else ""
+        return f"{held.started} trials ({said}){told}"
 
     def _start_trials(self, held: Held) -> bool:
         """Start trials while fewer than max_parallel are unfinished."""
@@ -380,7 +378,6 @@ class Driver:
         if not store.refused_trial(self.engine, held.fence, number, values, attrs, why):
             return None
         held.study.end(number, TrialState.failed, None)
-        held.ended[TrialState.failed] = held.ended.get(TrialState.failed, 0) + 1
         held.failed.add(number)
         return True
 
@@ -425,17 +422,3 @@ def _intermediate(spec: SweepCreate, points: list[Point]) -> dict[int, float]:
 
 def _last(points: list[Point]) -> float | None:
     return points[-1][2] if points else None
-
-
-def _summary(held: Held) -> str:
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(held.ended.items()) if n)
-    best = _best(held)
-    said = f"; best: trial {best[0]} ({held.spec.metric} {best[1]:.6g})" if best else ""
-    return f"{held.started} trials ({counts}){said}"
-
-
-def _best(held: Held) -> tuple[int, float] | None:
-    if not held.results:
-        return None
-    sign = 1 if held.spec.mode == Mode.min else -1  # ties: the earliest, as the API's best
-    return min(held.results.items(), key=lambda item: (sign * item[1], item[0]))

@@ -17,7 +17,8 @@ def read_sweep(session: Session, sweep: Sweep, *, with_trials: bool = True) -> S
     assert sweep.id is not None
     lowest = sweep.spec.get("mode", "min") == "min"
     metric = sweep.spec["metric"]
-    best_number = store.best_number(session, sweep.id, lowest)
+    best = store.best_trial(session, sweep.id, lowest)
+    best_number = best[0] if best is not None else None
     if with_trials:
         rows = store.trials(session, sweep.id)
     else:
