@@ -15,8 +15,8 @@ import httpx
 import typer
 
 from service.cli.app import app
-from service.cli.compare import metric_points
 from service.cli.http import TokenOpt, UrlOpt, call, connect
+from service.cli.metrics import metric_points
 from service.cli.printable import printable
 
 EVENT_FILES = "tfevents"  # what TensorBoard reads in a run folder: names holding this

@@ -11,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
-from service.cli.compare import metric_points
+from service.cli.metrics import metric_points
 from tests.e2e.conftest import one_database
 from tests.e2e.test_cli import cli
 from tests.stack import Stack, wait_for
