@@ -65,3 +65,19 @@ export function fill(el, ...children) {
   el.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
   return el;
 }
+
+/** "#/ROUTE?name=value&…" with the filters given that are set (none: "#/ROUTE"). */
+export function viewHash(route, filters) {
+  const query = new URLSearchParams(Object.entries(filters).filter(([, v]) => v)).toString();
+  return query ? `#/${route}?${query}` : `#/${route}`;
+}
+
+/** A listing's "‹ newer 51–100 older ›" links; ``at(offset)`` is the page's address. */
+export function pagerLinks(page, at) {
+  const last = Math.min(page.offset + page.items.length, page.total);
+  return [
+    page.offset > 0 ? h("a", { href: at(Math.max(0, page.offset - page.limit)) }, "‹ newer") : null,
+    page.total > page.limit ? h("span", {}, ` ${page.offset + 1}–${last} `) : null,
+    last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older ›") : null,
+  ];
+}

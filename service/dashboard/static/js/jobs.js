@@ -4,7 +4,17 @@
 
 import { api } from "./api.js";
 import { compareHash } from "./compare.js";
-import { fill, h, num, progressBar, STATUSES, statusBadge, when } from "./dom.js";
+import {
+  fill,
+  h,
+  num,
+  pagerLinks,
+  progressBar,
+  STATUSES,
+  statusBadge,
+  viewHash,
+  when,
+} from "./dom.js";
 
 const PAGE_SIZE = 50;
 const REFRESH_MS = 2000;
@@ -105,7 +115,7 @@ export function jobsView(root, params) {
           : h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No jobs.")),
       );
       fill(total, `${page.total} job${page.total === 1 ? "" : "s"}`);
-      fill(pager, pagerLinks(page, status, owner));
+      fill(pager, pagerLinks(page, (offset) => jobsHash({ status, owner, offset })));
       fill(notice, "");
       // which filters the rows are for
       table.dataset.loaded = status || "all";
@@ -170,11 +180,7 @@ function reasonCell(reason) {
   );
 }
 
-/** "#/jobs?status=…&owner=…&offset=…" with the filters given (none: "#/jobs"). */
-function jobsHash(filters) {
-  const query = new URLSearchParams(Object.entries(filters).filter(([, v]) => v)).toString();
-  return query ? `#/jobs?${query}` : "#/jobs";
-}
+const jobsHash = (filters) => viewHash("jobs", filters);
 
 /** "my jobs | everyone", and the user's name when the list is one other user's. */
 function ownerToggle(status, owner) {
@@ -196,14 +202,4 @@ function ownerToggle(status, owner) {
     choice("owner-everyone", "", "everyone"),
     owner && owner !== "me" ? choice("owner-named", owner, `${owner}'s`) : null,
   );
-}
-
-function pagerLinks(page, status, owner) {
-  const at = (offset) => jobsHash({ status, owner, offset });
-  const last = Math.min(page.offset + page.items.length, page.total);
-  return [
-    page.offset > 0 ? h("a", { href: at(Math.max(0, page.offset - page.limit)) }, "‹ newer") : null,
-    page.total > page.limit ? h("span", {}, ` ${page.offset + 1}–${last} `) : null,
-    last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older ›") : null,
-  ];
 }

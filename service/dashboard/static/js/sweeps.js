@@ -1,7 +1,7 @@
 // The sweeps list, newest first, filterable by status and owner; refreshed by polling.
 
 import { api } from "./api.js";
-import { fill, h, num, when } from "./dom.js";
+import { fill, h, num, pagerLinks, viewHash, when } from "./dom.js";
 import { scoreOf } from "./parallel.js";
 
 const PAGE_SIZE = 50;
@@ -139,7 +139,7 @@ export function sweepsView(root, params) {
           : h("tr", {}, h("td", { colspan: columns.length, class: "muted" }, "No sweeps.")),
       );
       fill(total, `${page.total} sweep${page.total === 1 ? "" : "s"}`);
-      fill(pager, pagerLinks(page, status, owner));
+      fill(pager, pagerLinks(page, (offset) => sweepsHash({ status, owner, offset })));
       fill(notice, "");
       table.dataset.loaded = status || "all";
     } catch (err) {
@@ -183,17 +183,4 @@ function row(sweep) {
   );
 }
 
-function sweepsHash(filters) {
-  const query = new URLSearchParams(Object.entries(filters).filter(([, v]) => v)).toString();
-  return query ? `#/sweeps?${query}` : "#/sweeps";
-}
-
-function pagerLinks(page, status, owner) {
-  const at = (offset) => sweepsHash({ status, owner, offset });
-  const last = Math.min(page.offset + page.items.length, page.total);
-  return [
-    page.offset > 0 ? h("a", { href: at(Math.max(0, page.offset - page.limit)) }, "‹ newer") : null,
-    page.total > page.limit ? h("span", {}, ` ${page.offset + 1}–${last} `) : null,
-    last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older ›") : null,
-  ];
-}
+const sweepsHash = (filters) => viewHash("sweeps", filters);

@@ -3,7 +3,7 @@
 // filterable by who acted). Refreshed by polling, like the job list.
 
 import { api } from "./api.js";
-import { fill, h, num, when } from "./dom.js";
+import { fill, h, num, pagerLinks, viewHash, when } from "./dom.js";
 import { whoAmI } from "./session.js";
 
 const AUDIT_PAGE_SIZE = 50;
@@ -158,7 +158,7 @@ function auditPart(actor, offset) {
         : h("tr", {}, h("td", { colspan: 5, class: "muted" }, "Nothing recorded.")),
     );
     fill(total, `${got.total} event${got.total === 1 ? "" : "s"}`);
-    fill(pager, pagerLinks(got, actor));
+    fill(pager, pagerLinks(got, (offset) => teamHash({ actor, offset })));
     table.dataset.loaded = actor || "all";
   }
   return { section, refresh };
@@ -181,17 +181,4 @@ function auditRow(event) {
   );
 }
 
-function teamHash(filters) {
-  const query = new URLSearchParams(Object.entries(filters).filter(([, v]) => v)).toString();
-  return query ? `#/team?${query}` : "#/team";
-}
-
-function pagerLinks(page, actor) {
-  const at = (offset) => teamHash({ actor, offset });
-  const last = Math.min(page.offset + page.items.length, page.total);
-  return [
-    page.offset > 0 ? h("a", { href: at(Math.max(0, page.offset - page.limit)) }, "‹ newer") : null,
-    page.total > page.limit ? h("span", {}, ` ${page.offset + 1}–${last} `) : null,
-    last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older ›") : null,
-  ];
-}
+const teamHash = (filters) => viewHash("team", filters);
