@@ -25,7 +25,7 @@ from sqlmodel import select
 
 from service import blob_rows, store, users
 from service.blobs import BlobStore
-from service.catalog import CatalogCache
+from service.catalog import Catalog, CatalogCache
 from service.db import is_sqlite, read_session
 from service.errors import SpecInvalid
 from service.inputs import check_inputs
@@ -59,10 +59,10 @@ async def admit(
     With an ``idempotency_key`` the queued limit is left to the insert, which answers a
     retry with its job before it counts."""
     users.check_spec_rights(who, spec)
-    _check_database(engine, spec)
     reason = catalogs.check_cached(spec)
     if reason is None:  # the cached catalog expired, or would refuse it: ask as of now
         reason = await to_thread.run_sync(catalogs.check, engine, spec)
+    _check_database(engine, spec, catalogs.cached())
     if spec.devices * spec.nodes > 1:  # every quota allows one device: no query for those
         await to_thread.run_sync(_check_running_quota, engine, who.name, spec, settings)
     own_limits = users.OWN_LIMITS.cached()
@@ -108,9 +108,11 @@ def _check_inputs(
     check_inputs(engine, blobs, limits, spec)
 
 
-def _check_database(engine: Engine, spec: JobCreate) -> None:
-    """A job across boxes needs workers on several boxes, which share PostgreSQL."""
-    if spec.nodes > 1 and is_sqlite(engine):
+def _check_database(engine: Engine, spec: JobCreate, catalog: Catalog | None = None) -> None:
+    """A job across boxes needs workers on several boxes, which share PostgreSQL; or a
+    worker in front of a Slurm cluster, which may serve from one host beside SQLite."""
+    slurm = catalog is not None and any(w.executor == "slurm" for w in catalog.workers)
+    if spec.nodes > 1 and is_sqlite(engine) and not slurm:
         raise SpecInvalid.at(
             ("nodes",),
             "nodes > 1 spans several boxes, whose workers share one PostgreSQL database; "

@@ -107,6 +107,8 @@ def list_workers(session: Session) -> list[WorkerRead]:
                 alive=w.stopped_at is None and age < WORKER_ALIVE_S,
                 running_jobs={jid: devs or [] for jid, wid, devs in held if wid == w.id},
                 across_boxes=w.across_boxes,
+                executor=w.executor,
+                max_nodes=w.max_nodes,
                 recipe_errors=w.recipe_errors,
                 job_walls=w.job_walls,
                 cache=w.cache,
@@ -248,8 +250,11 @@ def check_spec(catalog: Catalog, spec: JobCreate) -> tuple[ReasonCode, str]:
 
 
 def _check_boxes(spec: JobCreate, eligible: list[Worker]) -> None:
-    """Refuse a job across more boxes than the registered workers that take such jobs."""
+    """Refuse a job across more boxes than the registered workers that take such jobs
+    (a Slurm worker offers its cluster's nodes: ``max_nodes``)."""
     boxes = [w for w in eligible if w.across_boxes and len(w.devices) >= spec.devices]
+    if any(w.max_nodes >= spec.nodes for w in boxes if w.executor == "slurm"):
+        return
     if len(boxes) < spec.nodes:
         raise SpecInvalid.at(
             ("nodes",),

@@ -374,6 +374,9 @@ class Job(JobBase, table=True):
     lease_expires_at: datetime | None = Field(None, sa_type=UTCDateTime)
     assigned_devices: list[int] | None = Field(None, sa_type=JSON)
     runner_pgid: int | None = None
+    # The executor's own name for the running attempt: Slurm's job id (workers.slurm);
+    # None on a box, whose attempt is its runner's process group.
+    executor_id: str | None = Field(None, max_length=64)
     run_after: datetime | None = Field(None, sa_type=UTCDateTime)
     # When it was last stopped to make room for another job: not again for a while.
     preempted_at: datetime | None = Field(None, sa_type=UTCDateTime)
@@ -591,6 +594,10 @@ class Worker(SQLModel, table=True):
     recipe_errors: list[dict[str, str]] = Field(default_factory=list, sa_type=JSON)
     # whether it joins jobs across boxes (it has SHARED_DIR, on PostgreSQL)
     across_boxes: bool = False
+    # "box": it runs jobs on its own devices; "slurm": it submits them to a Slurm
+    # cluster (workers.slurm), which places them on up to max_nodes nodes
+    executor: str = Field("box", max_length=16, sa_column_kwargs={"server_default": "box"})
+    max_nodes: int = Field(1, sa_column_kwargs={"server_default": "1"})
     # what protects the box from its jobs (workers.supervisor.walls); None: not said
     job_walls: dict[str, str] | None = Field(default=None, sa_type=JSON)
     # its cache of packages, virtualenvs and blobs: size, budget, the disk's free space,
@@ -617,6 +624,12 @@ class WorkerRead(SQLModel):
     across_boxes: bool = Field(
         False, description="Whether it takes part in jobs across boxes (nodes > 1)."
     )
+    executor: str = Field(
+        "box",
+        description="'box': it runs jobs on its own devices; 'slurm': it submits them to a "
+        "Slurm cluster, which places them.",
+    )
+    max_nodes: int = Field(1, description="The most nodes one job may span through it.")
     recipe_errors: list[dict[str, str]] = Field(
         default_factory=list,
         description="Recipe files (or entry points) the worker skipped because they failed "

@@ -15,6 +15,7 @@ class ReasonCode(StrEnum):
     quota = "quota"  # its owner's jobs already hold their running-devices quota
     # running
     running = "running"  # a worker claimed it and its runner trains
+    slurm_pending = "slurm_pending"  # submitted to Slurm, waiting in its queue (Slurm's reason)
     cancelling = "cancelling"  # cancel asked; the worker is stopping it
     # ended well, or on request
     succeeded = "succeeded"  # trained to the last epoch

@@ -256,6 +256,51 @@ class Settings(BaseSettings):
         "other nodes have not come; then it gives them back (and the rendezvous' limit).",
     )
 
+    # A worker in front of a Slurm cluster (`trainyard worker --executor slurm`): see
+    # docs/architecture.md, "Running on Slurm".
+    slurm_partition: str | None = Field(
+        None, max_length=200, description="sbatch --partition; unset: the cluster's default."
+    )
+    slurm_account: str | None = Field(None, max_length=200, description="sbatch --account.")
+    slurm_qos: str | None = Field(None, max_length=200, description="sbatch --qos.")
+    slurm_sbatch_options: str = Field(
+        "",
+        max_length=2000,
+        description="More sbatch options for every job, as a shell would split them "
+        "('--constraint=a100 --exclusive').",
+    )
+    slurm_gpus_per_node: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="GPUs on each node of the partition: a job asks for its devices as "
+        "GPUs per node. 0: a CPU partition, where a job's devices are CPUs per node.",
+    )
+    slurm_gpu_option: Literal["gpus-per-node", "gres"] = Field(
+        "gpus-per-node",
+        description="How a job asks for its GPUs: --gpus-per-node=N, or --gres=gpu:N for "
+        "clusters that configure GPUs as generic resources only.",
+    )
+    slurm_max_nodes: int = Field(
+        2, ge=1, le=4096, description="The most nodes one job may span on the cluster."
+    )
+    slurm_max_pending: int = Field(
+        20,
+        ge=1,
+        le=10_000,
+        description="How many of this worker's jobs may wait in Slurm's queue at once; "
+        "past it, jobs wait in Trainyard's, where fair share orders them.",
+    )
+    slurm_poll_interval_s: float = Field(
+        1.0, gt=0, le=60, description="How often the worker asks Slurm how its jobs are."
+    )
+    slurm_python: str | None = Field(
+        None,
+        max_length=1000,
+        description="The Python (with Trainyard installed) that runs a job on the nodes; "
+        "default: the worker's own, which the nodes must see at the same path.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _secrets_from_files(cls, data: Any) -> Any:

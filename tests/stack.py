@@ -74,14 +74,20 @@ class Stack:
         return proc
 
     def start_worker(
-        self, worker_id: str = "e2e", env: dict[str, str] | None = None, **settings: object
+        self,
+        worker_id: str = "e2e",
+        env: dict[str, str] | None = None,
+        *,
+        executor: str = "box",
+        **settings: object,
     ) -> subprocess.Popen[bytes]:
         """Start a worker (settings as TRAINYARD_* variables, ``env`` as given) and wait
         until it registered."""
         env = {**(env or {}), **{f"TRAINYARD_{k.upper()}": str(v) for k, v in settings.items()}}
         proc = self.start(
-            "worker", "--worker-id", worker_id, log_name=f"worker-{worker_id}", env=env
-        )
+            "worker", "--worker-id", worker_id, "--executor", executor,
+            log_name=f"worker-{worker_id}", env=env,
+        )  # fmt: skip
         wait_for(
             lambda: any(
                 w["id"] == worker_id and w["alive"] and w["pid"] == proc.pid

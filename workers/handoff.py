@@ -125,3 +125,9 @@ def read_stdin() -> Handoff:
     os.dup2(devnull, 0)
     os.close(devnull)
     return Handoff.model_validate_json(data)
+
+
+def read_file(path: Path) -> Handoff:
+    """The hand-off a Slurm worker left in the job's folder (a batch job has no pipe from
+    its worker: it may start hours later, on another host); it holds no credential."""
+    return Handoff.model_validate_json(path.read_bytes())

@@ -110,7 +110,9 @@ class JobFiles:
         earlier run of that attempt number left is removed before it starts again)."""
         prefix = f"attempt-{attempt}"
         own = {f"{prefix}.json", f"{prefix}-result.json", f"{prefix}-metrics.jsonl",
-               f"{prefix}-points.jsonl", f"{prefix}-environment.json"}  # fmt: skip
+               f"{prefix}-points.jsonl", f"{prefix}-environment.json",
+               f"{prefix}-handoff.json", f"{prefix}-slurm.sh", f"{prefix}-slurm.out",
+               f"{prefix}-slurm.err"}  # fmt: skip
         return name in own or (name.startswith(f"{prefix}-rank-") and name.endswith("-error.json"))
 
     def rank_errors(self, attempt: int) -> list[Path]:

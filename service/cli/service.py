@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -96,16 +97,27 @@ def serve() -> None:
     )
 
 
+class Executor(StrEnum):
+    """Where a worker runs its jobs (workers.executor)."""
+
+    box = "box"
+    slurm = "slurm"
+
+
 @app.command()
 def worker(
     drain: Annotated[bool, typer.Option(help="Exit once no runnable job is left.")] = False,
     worker_id: Annotated[str | None, typer.Option(help="Stable name; default hostname.")] = None,
+    executor: Annotated[
+        Executor,
+        typer.Option(
+            help="box: run jobs on this box's devices; slurm: submit them to the Slurm "
+            "cluster this host submits to (TRAINYARD_SLURM_* settings).",
+        ),
+    ] = Executor.box,
 ) -> None:
-    """Run a worker on this box's GPUs (or CPU slots)."""
+    """Run a worker on this box's GPUs (or CPU slots), or in front of a Slurm cluster."""
     import logging
-
-    # The composition root: the API modules never import workers or torch; this command does.
-    from workers.supervisor.loop import Supervisor
 
     settings = Settings()
     keep_private(settings)  # inherited by the zygote, runners, ranks and scripts
@@ -114,6 +126,18 @@ def worker(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # The composition root: the API modules never import workers or torch; this command does.
+    if executor == Executor.slurm:
+        if drain:
+            raise typer.BadParameter("--drain is for a box's worker", param_hint="--drain")
+        from workers.slurm.worker import SlurmWorker
+
+        slurm = SlurmWorker(settings, worker_id=worker_id)
+        slurm.install_signal_handlers()
+        slurm.run()
+        return
+    from workers.supervisor.loop import Supervisor
+
     supervisor = Supervisor(settings, worker_id=worker_id)
     supervisor.install_signal_handlers()
     supervisor.run(drain=drain)

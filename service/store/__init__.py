@@ -18,7 +18,15 @@ Callers use the names re-exported here (``store.claim_job``, ``store.Fence``).
 """
 
 from service.store import gang
-from service.store.claim import Claim, Held, claim_job, pending_count, record_start, renew_lease
+from service.store.claim import (
+    Claim,
+    Held,
+    claim_job,
+    pending_count,
+    record_executor,
+    record_start,
+    renew_lease,
+)
 from service.store.queries import (
     Standing,
     active_jobs_of,
@@ -68,6 +76,7 @@ __all__ = [
     "queue_standing",
     "queued_count",
     "record_environment",
+    "record_executor",
     "record_start",
     "release_attempt",
     "renew_lease",

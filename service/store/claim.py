@@ -69,7 +69,9 @@ def _claimable(
     recipes: list[Any] = [bindparam(f"recipe_{i}") for i in range(shape[1])]
     where = [
         queued(job),
-        job.c.nodes == 1,  # a job across boxes starts when its gang is whole (gang.py)
+        # A box's worker takes one-node jobs (a job across boxes starts when its gang is
+        # whole: gang.py); a Slurm worker takes jobs across up to its cluster's nodes.
+        job.c.nodes <= bindparam("max_nodes"),
         # Whole devices, or a share of one GPU (gpu_memory_gb): never both, so a shared
         # GPU is never handed out whole, nor a whole one shared (the worker's room is 0
         # on a box without GPUs).
@@ -300,6 +302,7 @@ def claim_job(
     reserve_after_s: float | None = None,
     max_running_devices: int | None = None,
     peek: bool = False,
+    max_nodes: int = 1,
 ) -> Claim | None:
     """Atomically take the best queued job that fits, or None. Exactly one worker wins.
 
@@ -327,6 +330,7 @@ def claim_job(
         "gpu_total": gpu_total_gb or gpu_room_gb,
         "now": now,
         "max_running": max_running_devices,
+        "max_nodes": max_nodes,
     }
     shape, offer = _shape_params(served_accelerators(accelerator), recipes)
     params.update(offer)
@@ -357,12 +361,14 @@ def pending_count(
     accelerator: str,
     recipes: list[str],
     gpu_total_gb: float = 0.0,
+    max_nodes: int = 1,
 ) -> int:
     """Queued jobs this worker could ever run, including ones waiting out a retry back-off
     or their owner's running quota."""
     params = {
         "total": max_devices,
         "gpu_total": gpu_total_gb,
+        "max_nodes": max_nodes,
     }
     shape, offer = _shape_params(served_accelerators(accelerator), recipes)
     with read_session(engine) as session:
@@ -375,6 +381,26 @@ def record_start(engine: Engine, fence: Fence, *, devices: list[int], pgid: int)
         result = session.exec(
             update(Job).where(*fenced(fence)).values(assigned_devices=devices, runner_pgid=pgid)
         )
+        return bool(result.rowcount == 1)
+
+
+# A reason as the store writes it: its code and its sentence.
+Reason = tuple[ReasonCode, str]
+
+
+def record_executor(
+    engine: Engine, fence: Fence, *, executor_id: str | None = None, reason: Reason | None = None
+) -> bool:
+    """Note what an executor said of a running attempt: its own id for it (Slurm's job id,
+    for adopting it after a restart), or why it waits there and where it runs
+    (``reason``: code and message)."""
+    values: dict[str, Any] = {}
+    if executor_id is not None:
+        values["executor_id"] = executor_id
+    if reason is not None:
+        values.update(reason_code=reason[0], reason_message=reason[1][:2000])
+    with write_session(engine) as session:
+        result = session.exec(update(Job).where(*fenced(fence)).values(**values))
         return bool(result.rowcount == 1)
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from service.models import Job
 from service.reasons import ReasonCode
 from workers.errors import Described, NotRetryable, describe
-from workers.handoff import Handoff, JobSettings, read_stdin
+from workers.handoff import Handoff, JobSettings, read_file, read_stdin
 from workers.jobfiles import JobFiles, write_atomic
 from workers.outcome import RunnerReport
 from workers.plan import Launch
@@ -61,13 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", type=int, help="this node, 0 .. nodes-1")
     parser.add_argument("--rendezvous", help="node 0's address:port")
     parser.add_argument("--node-workers", help="each node's worker, by node, comma-separated")
+    # a batch job on Slurm (workers.slurm): srun starts the same command on every node
+    parser.add_argument("--handoff-file", type=Path, help="read the hand-off from this file")
+    parser.add_argument(
+        "--node-from-env", metavar="VAR", help="this node's index is in this variable"
+    )
+    parser.add_argument("--node-addresses", help="each node's address, by node, comma-separated")
     args = parser.parse_args(argv)
+    if args.node_from_env is not None:
+        args.node = int(os.environ[args.node_from_env])
     if args.memory_limit is not None:  # first: every process of the attempt inherits it
         limit_memory(args.memory_limit)
 
     # The job and its settings come on stdin (workers.handoff), once the supervisor has
     # placed the job's inputs: neither on the command line nor in the environment.
-    handoff = read_stdin()
+    handoff = read_stdin() if args.handoff_file is None else read_file(args.handoff_file)
     if handoff.account is not None:  # nothing runs as root past here
         confine.become(handoff.account)
     settings = handoff.settings
@@ -135,12 +143,15 @@ def _node(settings: JobSettings, args: argparse.Namespace, job: Job) -> Node:
     worker died is caught sooner, by the lease: workers.supervisor.gangs.)"""
     workers = tuple(args.node_workers.split(","))
     preparing = settings.requirements_timeout_s if job.entrypoint is not None else 0.0
+    address = settings.advertise_address
+    if args.node_addresses is not None:  # on Slurm: the nodes' own, as the cluster names them
+        address = args.node_addresses.split(",")[args.node]
     return Node(
         node=args.node,
         nodes=len(workers),
         rendezvous=args.rendezvous,
         workers=workers,
-        address=settings.advertise_address,
+        address=address,
         timeout_s=settings.gang_timeout_s + preparing,
         socket_ifname=settings.socket_ifname,
     )

@@ -131,7 +131,7 @@ class Launcher:
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         place = None if node is None else node.node
         files = JobFiles.of(self.settings.data_dir, claim.fence.job_id, place)
-        _clear_attempt(files, claim.fence.attempt)
+        clear_attempt(files, claim.fence.attempt)
         args = [
             "--job-id", str(claim.fence.job_id),
             "--attempt", str(claim.fence.attempt),
@@ -272,7 +272,7 @@ def runner_env() -> dict[str, str]:
     return env
 
 
-def _clear_attempt(files: JobFiles, attempt: int) -> None:
+def clear_attempt(files: JobFiles, attempt: int) -> None:
     """Remove what an earlier run of this attempt number left in the hand-offs folder,
     never through a link (the job's account may own the folder)."""
     folder = files.root / files.runner

@@ -1,0 +1,528 @@
+"""The worker in front of a Slurm cluster (``trainyard worker --executor slurm``): one per
+submit host. It claims jobs from Trainyard's queue (fair share, quotas and sweeps decide
+what), submits each attempt as one Slurm batch job (Slurm decides where it runs), and
+watches it to its end: Slurm's state and waiting reason, the runners' logs, points and
+reports, which reach the database through this process (the job's holds no credential).
+
+It holds each job's lease as a box's worker does, renews it at every heartbeat while the
+Slurm job lives, and cancels through ``scancel``. Its jobs outlive it: stopped or killed,
+it leaves them running in Slurm, and at its next start adopts the ones whose lease it
+still holds (by the comment each batch job carries), and cancels any other Slurm job it
+submitted. The executor contract it follows is ``workers.executor``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from service import catalog, store
+from service.db import make_engine
+from service.models import Accelerator, Job, JobStatus, Worker, utcnow
+from service.reasons import ReasonCode
+from service.settings import Settings
+from service.store import Fence
+from workers.errors import describe
+from workers.handoff import Handoff, JobSettings
+from workers.jobfiles import JobFiles, write_atomic
+from workers.outcome import RunnerReport, StopReason
+from workers.points_file import PointsReader
+from workers.recipes import Recipe, find_recipes
+from workers.slurm import batch, ends
+from workers.slurm.cluster import Cluster, SlurmError, SlurmJob
+from workers.slurm.logs import LogTail
+from workers.supervisor import inputs, nofollow
+from workers.supervisor.launch import clear_attempt, runner_env
+from workers.supervisor.reporter import DbReporter
+
+log = logging.getLogger(__name__)
+
+# A runner's report is a few KiB; past this it is not one (as on a box).
+MAX_REPORT_BYTES = 2**20
+
+
+@dataclass
+class Submitted:
+    """One attempt in Slurm, as this worker watches it."""
+
+    job: Job
+    fence: Fence
+    files: list[JobFiles]  # one per node (a single one for a job on one node)
+    slurm_id: str | None = None  # None until sbatch answered
+    seen: SlurmJob | None = None  # what squeue said last
+    running_since: float | None = None  # monotonic: when Slurm first said RUNNING
+    charged_until: float | None = None
+    stop: StopReason | None = None
+    reason: str = ""  # the waiting reason last written
+    logs: list[LogTail] = field(default_factory=list)
+    reporters: list[DbReporter] = field(default_factory=list)
+    lost: bool = False  # the lease is not ours: nothing more is written about it
+
+    @property
+    def devices(self) -> int:
+        return self.job.devices * self.job.nodes
+
+    def uncharged(self, now: float) -> float:
+        if self.charged_until is None:
+            return 0.0
+        return self.devices * max(0.0, now - self.charged_until)
+
+
+class SlurmWorker:
+    """Runs jobs from the queue on a Slurm cluster until stopped."""
+
+    def __init__(
+        self, settings: Settings, *, worker_id: str | None = None, cluster: Cluster | None = None
+    ) -> None:
+        self.settings = settings
+        self.engine = make_engine(settings)
+        self.worker_id = worker_id or settings.worker_id or platform.node()
+        self.cluster = cluster or Cluster()
+        self.attempts: dict[int, Submitted] = {}
+        self.recipes: dict[str, Recipe] = {}
+        self.accelerator = Accelerator.cuda if settings.slurm_gpus_per_node > 0 else Accelerator.cpu
+        self.per_node = settings.slurm_gpus_per_node or settings.cpu_slots or 1
+        self.python = settings.slurm_python or sys.executable
+        self._wake = threading.Event()
+        self._stopping = False
+
+    # --- public ------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Work until stopped; the jobs in Slurm run on."""
+        self._open()
+        next_heartbeat = next_poll = 0.0
+        try:
+            while not self._stopping:
+                now = time.monotonic()
+                if now >= next_heartbeat:
+                    next_heartbeat = now + self.settings.heartbeat_interval_s
+                    self._guarded(self._heartbeat)
+                if now >= next_poll:
+                    next_poll = now + self.settings.slurm_poll_interval_s
+                    self._guarded(self._poll)
+                self._guarded(self._flush_logs)
+                claimed = self._guarded(self._claim)
+                if not claimed:
+                    wait = min(next_heartbeat, next_poll) - time.monotonic()
+                    self._wake.wait(max(0.05, min(wait, 0.5)))
+                    self._wake.clear()
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        """Stop claiming and watching; jobs in Slurm run on, adopted at the next start."""
+        self._stopping = True
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    # --- start and end -----------------------------------------------------------
+
+    def _open(self) -> None:
+        if any(c.isspace() for c in str(self.settings.data_dir.resolve())):
+            raise SystemExit(
+                f"DATA_DIR {self.settings.data_dir} has a space: Slurm's #SBATCH lines "
+                "cannot name its files"
+            )
+        if os.geteuid() == 0:
+            log.warning(
+                "the Slurm worker runs as root: Slurm runs each job as the account that "
+                "submits it, so its jobs run as root; run it as a service account"
+            )
+        found = find_recipes(self.settings.recipes_dir)
+        self.recipes = found.recipes
+        self._adopt()
+        catalog.register_worker(
+            self.engine,
+            Worker(
+                id=self.worker_id,
+                hostname=platform.node(),
+                pid=os.getpid(),
+                accelerator=self.accelerator,
+                devices=[
+                    {"index": i, "name": f"slurm {self.accelerator}", "memory_mb": 0}
+                    for i in range(self.per_node)
+                ],
+                recipes=[r.describe() for r in self.recipes.values()],
+                recipe_errors=[{"source": s.source, "error": s.error} for s in found.skipped],
+                across_boxes=True,
+                executor="slurm",
+                max_nodes=self.settings.slurm_max_nodes,
+                job_walls={"runs_jobs_as": "the Slurm worker's account, through Slurm"},
+            ),
+        )
+        log.info(
+            "Slurm worker %s: up to %d node(s) of %d %s device(s), recipes %s",
+            self.worker_id,
+            self.settings.slurm_max_nodes,
+            self.per_node,
+            self.accelerator,
+            ", ".join(sorted(self.recipes)),
+        )
+
+    def _close(self) -> None:
+        for attempt in self.attempts.values():
+            for reporter in attempt.reporters:
+                reporter.close()
+        try:
+            catalog.worker_stopped(self.engine, self.worker_id)
+        except Exception:
+            log.exception("could not mark worker %s stopped", self.worker_id)
+        self.engine.dispose()
+
+    def _adopt(self) -> None:
+        """Take back the attempts this worker held when it stopped, and cancel any Slurm
+        job it submitted that no held attempt owns (its lease ran out meanwhile)."""
+        for job_id in store.expire_leases(self.engine):
+            log.warning("job %s: its worker's lease expired; requeued", job_id)
+        held = {j.id: j for j in store.active_jobs_of(self.engine, self.worker_id)}
+        in_slurm = self.cluster.jobs()
+        by_attempt: dict[tuple[int, int], SlurmJob] = {}
+        for listed in in_slurm.values():
+            said = batch.parse_comment(listed.comment)
+            if said is None or said[0] != self.worker_id:
+                continue
+            job = held.get(said[1])
+            if job is not None and job.attempt == said[2]:
+                by_attempt[said[1], said[2]] = listed
+            elif not listed.ended:
+                log.warning("Slurm job %s: no attempt of ours owns it; cancelling", listed.id)
+                self.cluster.cancel(listed.id)
+        for job in held.values():
+            assert job.id is not None and job.lease_token is not None
+            attempt = self._watch(job, Fence(job.id, job.attempt, job.lease_token))
+            seen = by_attempt.get((job.id, job.attempt))
+            attempt.slurm_id = seen.id if seen is not None else job.executor_id
+            attempt.seen = seen
+            if seen is not None and seen.running:  # its time counts from now on
+                attempt.running_since = attempt.charged_until = time.monotonic()
+            self._note(attempt, f"adopted by {self.worker_id} after a restart (Slurm job "
+                                f"{attempt.slurm_id or 'never submitted'})")  # fmt: skip
+            if job.status == JobStatus.cancelling:  # the scancel may not have been sent
+                self._stop(attempt, StopReason.cancel)
+            log.info("job %s: adopted (Slurm job %s)", job.id, attempt.slurm_id)
+
+    # --- the loop's steps ----------------------------------------------------------
+
+    def _guarded(self, step: partial[object] | object) -> object:
+        """One step; a database or Slurm failure is logged and tried again next time."""
+        try:
+            return step()  # type: ignore[operator]
+        except (SlurmError, OSError) as exc:
+            log.warning("%s", exc)
+        except Exception:
+            log.exception("Slurm worker step failed")
+        return None
+
+    def _heartbeat(self) -> None:
+        catalog.worker_heartbeat(self.engine, self.worker_id)
+        for job_id in store.expire_leases(self.engine):
+            log.warning("job %s: its worker's lease expired; requeued", job_id)
+        live = [a for a in self.attempts.values() if not a.lost]
+        held = store.renew_lease(self.engine, [a.fence for a in live], self.settings.lease_s)
+        for attempt in live:
+            state = held.get(attempt.fence.job_id)
+            if state is None:
+                self._lose(attempt, "its lease was not renewed")
+            elif state.status == JobStatus.cancelling and attempt.stop is None:
+                self._stop(attempt, StopReason.cancel)
+        self._charge()
+
+    def _charge(self) -> None:
+        """Fair share: the device-seconds of the attempts Slurm runs."""
+        now = time.monotonic()
+        charges: dict[str, float] = {}
+        for attempt in self.attempts.values():
+            if attempt.charged_until is not None:
+                charges[attempt.job.owner] = charges.get(attempt.job.owner, 0.0) + (
+                    attempt.uncharged(now)
+                )
+        if charges:
+            store.charge_usage(self.engine, charges, utcnow(), self.settings.fair_share_half_life_s)
+            for attempt in self.attempts.values():
+                if attempt.charged_until is not None:
+                    attempt.charged_until = now
+
+    def _poll(self) -> None:
+        """Ask Slurm about every attempt at once; act on what changed."""
+        if not self.attempts:
+            return
+        in_slurm = self.cluster.jobs()
+        now = time.monotonic()
+        for job_id, attempt in list(self.attempts.items()):
+            if attempt.lost:
+                del self.attempts[job_id]
+                continue
+            seen = in_slurm.get(attempt.slurm_id or "")
+            if seen is not None:
+                attempt.seen = seen
+            if seen is None or seen.ended:
+                if self._finish(attempt, seen):
+                    del self.attempts[job_id]
+                continue
+            if seen.waiting:
+                self._waiting(attempt, seen)
+            elif attempt.running_since is None:
+                attempt.running_since = attempt.charged_until = now
+                self._note(attempt, f"Slurm job {seen.id} running on {seen.nodes}")
+                store.record_executor(
+                    self.engine,
+                    attempt.fence,
+                    reason=(ReasonCode.running, f"running in Slurm job {seen.id} on {seen.nodes}"),
+                )
+            self._enforce(attempt, now)
+
+    def _waiting(self, attempt: Submitted, seen: SlurmJob) -> None:
+        """A job pending in Slurm shows Slurm's reason as its own."""
+        if seen.reason == attempt.reason:
+            return
+        attempt.reason = seen.reason
+        why = "" if seen.reason in ("None", "") else f": {seen.reason}"
+        store.record_executor(
+            self.engine,
+            attempt.fence,
+            reason=(ReasonCode.slurm_pending, f"pending in Slurm job {seen.id}{why}"),
+        )
+
+    def _enforce(self, attempt: Submitted, now: float) -> None:
+        """Trainyard's own timeout, counted from when Slurm started the job (Slurm's
+        --time is a backstop past it)."""
+        timeout_s = attempt.job.timeout_s
+        started = attempt.running_since
+        if timeout_s is not None and started is not None and now - started > timeout_s:
+            self._stop(attempt, StopReason.timeout)
+
+    def _stop(self, attempt: Submitted, reason: StopReason) -> None:
+        """scancel: Slurm sends its processes SIGTERM (they checkpoint), then SIGKILL
+        after the cluster's KillWait. Its end is recorded once Slurm says it ended."""
+        if attempt.stop is not None and attempt.stop != reason:
+            return
+        attempt.stop = reason
+        if attempt.slurm_id is not None:
+            self.cluster.cancel(attempt.slurm_id)
+        log.info("job %s: stopping Slurm job %s (%s)", attempt.job.id, attempt.slurm_id, reason)
+
+    def _lose(self, attempt: Submitted, why: str) -> None:
+        """The job is not (provably) ours any more: its Slurm job must not train on."""
+        log.error("job %s: lease lost (%s); cancelling Slurm job %s", attempt.fence.job_id,
+                  why, attempt.slurm_id)  # fmt: skip
+        attempt.lost = True
+        for reporter in attempt.reporters:
+            reporter.close()
+        if attempt.slurm_id is not None:
+            self.cluster.cancel(attempt.slurm_id)
+
+    def _claim(self) -> bool:
+        """Claim a job and submit it, while fewer than SLURM_MAX_PENDING wait in Slurm."""
+        if self._stopping:
+            return False
+        waiting = sum(1 for a in self.attempts.values() if a.running_since is None)
+        if waiting >= self.settings.slurm_max_pending:
+            return False
+        claim = store.claim_job(
+            self.engine,
+            worker_id=self.worker_id,
+            free_devices=self.per_node,
+            total_devices=self.per_node,
+            accelerator=self.accelerator,
+            recipes=sorted(self.recipes),
+            lease_s=self.settings.lease_s,
+            max_running_devices=self.settings.max_running_devices_per_user,
+            peek=True,
+            max_nodes=self.settings.slurm_max_nodes,
+        )
+        if claim is None:
+            return False
+        job = store.load_job(self.engine, claim.fence.job_id)
+        attempt = self._watch(job, claim.fence)
+        try:
+            attempt.slurm_id = self._submit(attempt)
+        except Exception as exc:  # Slurm refused it: the attempt fails, retried
+            log.warning("job %s: sbatch failed: %s", job.id, exc)
+            self._note(attempt, f"sbatch failed: {exc}")
+            self._flush(attempt)
+            store.finish_attempt(
+                self.engine,
+                claim.fence,
+                store.Outcome(
+                    JobStatus.failed, ReasonCode.bad_spec, f"Slurm refused the job: {exc}"
+                ),
+            )
+            self._forget(attempt)
+            return True
+        store.record_executor(
+            self.engine,
+            claim.fence,
+            executor_id=attempt.slurm_id,
+            reason=(ReasonCode.slurm_pending, f"submitted as Slurm job {attempt.slurm_id}"),
+        )
+        self._note(
+            attempt,
+            f"attempt {claim.fence.attempt} submitted to Slurm by {self.worker_id}: Slurm job "
+            f"{attempt.slurm_id}, {job.nodes} node(s) x {job.devices} {self.accelerator}",
+        )
+        log.info("job %s: submitted as Slurm job %s", job.id, attempt.slurm_id)
+        return True
+
+    def _watch(self, job: Job, fence: Fence) -> Submitted:
+        """Follow an attempt: its log files and, per node, its points and environment."""
+        assert job.id is not None
+        data_dir = self.settings.data_dir
+        nodes = [None] if job.nodes == 1 else list(range(job.nodes))
+        attempt = Submitted(job, fence, [JobFiles.of(data_dir, job.id, n) for n in nodes])
+        root = attempt.files[0].root
+        runner = root / attempt.files[0].runner if job.nodes == 1 else root / ".runner"
+        attempt.logs = [
+            LogTail(root, runner / f"attempt-{fence.attempt}-slurm.{name}", stream)
+            for name, stream in (("out", "stdout"), ("err", "stderr"))
+        ]
+        for files in attempt.files:
+            points = files.points(fence.attempt)
+            attempt.reporters.append(
+                DbReporter(
+                    self.engine,
+                    fence,
+                    on_lease_lost=partial(self._lose, attempt, "the store refused its points"),
+                    flushed_marker=files.flushed_marker,
+                    lease_s=self.settings.lease_s,
+                    source=PointsReader(points, partial(_read_below, files.root, points)),
+                    environment=files.environment(fence.attempt),
+                    job_folder=files.root,
+                ).start()
+            )
+        self.attempts[job.id] = attempt
+        return attempt
+
+    def _submit(self, attempt: Submitted) -> str:
+        """Place the job's inputs, write its hand-off and batch script, and sbatch it."""
+        job, fence = attempt.job, attempt.fence
+        handoff = Handoff(
+            job=job.model_dump(mode="json", exclude={"lease_token"}),
+            # a job across nodes checkpoints in its own folder: DATA_DIR is shared
+            settings=JobSettings.of(self.settings).model_copy(
+                update={"shared_dir": self.settings.data_dir.resolve()}
+            ),
+        )
+        for files in attempt.files:
+            files.root.mkdir(parents=True, exist_ok=True)
+            (files.root / files.runner).mkdir(parents=True, exist_ok=True)
+            clear_attempt(files, fence.attempt)
+            try:
+                handoff.package, _ = inputs.place(self.settings, job, files)
+            except Exception as exc:  # the runner reports it as the attempt's failure
+                handoff.inputs_error = describe(exc)
+        runner = attempt.files[0].root / ".runner"
+        clear_attempt(JobFiles.of(self.settings.data_dir, fence.job_id), fence.attempt)
+        path = runner / f"attempt-{fence.attempt}-handoff.json"
+        write_atomic(path, handoff.model_dump_json())
+        spec = batch.Attempt(
+            job=job,
+            attempt=fence.attempt,
+            worker_id=self.worker_id,
+            handoff=path,
+            output=attempt.logs[0].path,
+            error=attempt.logs[1].path,
+        )
+        processes = job.devices if job.strategy == "ddp" else 1
+        threads = 1 if self.accelerator == Accelerator.cuda else max(1, job.devices // processes)
+        script = runner / f"attempt-{fence.attempt}-slurm.sh"
+        write_atomic(script, batch.script(job, self.settings, spec, python=self.python,
+                                          threads=threads))  # fmt: skip
+        return self.cluster.submit(script, self._job_env())
+
+    def _job_env(self) -> dict[str, str]:
+        """What a batch job starts from (sbatch hands it its own environment): the
+        allow-list a box's runner gets, and Slurm's own client settings. Never this
+        process's environment, which holds the database URL and the API token."""
+        env = runner_env()
+        env.update({k: v for k, v in os.environ.items() if k.startswith("SLURM_")})
+        env["PATH"] = os.environ.get("PATH", os.defpath)
+        return env
+
+    def _finish(self, attempt: Submitted, seen: SlurmJob | None) -> bool:
+        """Record how an attempt ended, once Slurm says its job ended (or forgot it)."""
+        if attempt.lost:
+            return True
+        self._flush(attempt, final=True)
+        for reporter in attempt.reporters:
+            reporter.close()
+        self._charge()
+        reports = [r for r in (_report(f, attempt.fence.attempt) for f in attempt.files) if r]
+        slurm_id = attempt.slurm_id or "(never submitted)"
+        exit_code = None
+        if seen is not None and not reports:
+            exit_code = self.cluster.exit_code(seen.id)
+        outcome = ends.outcome(
+            slurm_id,
+            seen,
+            reports,
+            attempt.stop,
+            exit_code=exit_code,
+            timeout_s=attempt.job.timeout_s,
+            stall_timeout_s=self.settings.stall_timeout_s,
+            worker_id=self.worker_id,
+        )
+        self._note(attempt, f"attempt {attempt.fence.attempt} ended: "
+                            f"{outcome.reason_message.partition(chr(10))[0]}")  # fmt: skip
+        self._flush(attempt)
+        if outcome.status == JobStatus.queued:
+            store.release_attempt(
+                self.engine, attempt.fence, outcome.reason_code, outcome.reason_message
+            )
+        else:
+            store.finish_attempt(self.engine, attempt.fence, outcome)
+        log.info("job %s: %s", attempt.fence.job_id, outcome.reason_message)
+        return True
+
+    def _forget(self, attempt: Submitted) -> None:
+        for reporter in attempt.reporters:
+            reporter.close()
+        self.attempts.pop(attempt.fence.job_id, None)
+
+    # --- logs --------------------------------------------------------------------
+
+    def _note(self, attempt: Submitted, text: str) -> None:
+        attempt.logs[0].note(text)
+
+    def _flush_logs(self) -> None:
+        for attempt in self.attempts.values():
+            if not attempt.lost:
+                self._flush(attempt)
+
+    def _flush(self, attempt: Submitted, *, final: bool = False) -> None:
+        lines = [line for tail in attempt.logs for line in tail.read(final=final)]
+        if not lines:
+            return
+        lines.sort(key=lambda line: line[0])
+        try:
+            limit = self.settings.max_log_lines
+            store.append_logs(self.engine, attempt.fence, lines, max_lines=limit)
+        except Exception:
+            for tail in attempt.logs:
+                tail.put_back([line for line in lines if line[1] == tail.stream])
+            raise
+
+
+def _read_below(root: Path, path: Path, offset: int, limit: int) -> bytes | None:
+    return nofollow.read(root, path, limit, offset)
+
+
+def _report(files: JobFiles, attempt: int) -> RunnerReport | None:
+    """A node's runner report, read never through a link (as on a box)."""
+    try:
+        data = nofollow.read(files.root, files.outcome(attempt), MAX_REPORT_BYTES)
+    except OSError:
+        return None
+    return None if data is None else RunnerReport.parse(data)
