@@ -128,7 +128,7 @@ def script(job: Job, settings: Settings, attempt: Attempt, *, python: str, threa
         "set -eu",
         "export PYTHONUNBUFFERED=1",
     ]
-    srun = "srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpu-bind=none"
+    srun = "srun --kill-on-bad-exit=1 --ntasks-per-node=1"
     if job.nodes == 1:
         lines.append(f"exec {srun} {shlex.join(runner)}")
         return "\n".join(lines) + "\n"

@@ -8,7 +8,8 @@ It holds each job's lease as a box's worker does, renews it at every heartbeat w
 Slurm job lives, and cancels through ``scancel``. Its jobs outlive it: stopped or killed,
 it leaves them running in Slurm, and at its next start adopts the ones whose lease it
 still holds (by the comment each batch job carries), and cancels any other Slurm job it
-submitted. The executor contract it follows is ``workers.executor``'s.
+submitted. The contract it shares with a box's supervisor (submit, watch, cancel, adopt) is
+docs/architecture.md's, "Executors".
 """
 
 from __future__ import annotations
