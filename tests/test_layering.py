@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHECK = """
 import sys
 from service.app import create_app
@@ -108,22 +110,29 @@ def test_the_job_side_imports_nothing_that_reaches_the_database_or_the_api() -> 
     assert not offenders, offenders
 
 
-def test_the_supervisor_imports_nothing_of_the_job_side() -> None:
+# The worker's own processes: a box's supervisor, and the worker in front of Slurm.
+WORKER_SIDE = ("supervisor", "slurm")
+
+
+@pytest.mark.parametrize("package", WORKER_SIDE)
+def test_the_supervisor_imports_nothing_of_the_job_side(package: str) -> None:
     offenders = [
         f"{path.relative_to(WORKERS.parent)}:{line} imports {module}"
-        for path in sorted((WORKERS / "supervisor").rglob("*.py"))
+        for path in sorted((WORKERS / package).rglob("*.py"))
         for line, module in _imported_modules(path)
         if module.startswith(tuple(f"workers.{p}" for p in JOB_SIDE))
     ]
     assert not offenders, offenders
 
 
-def test_no_supervisor_module_imports_torch_as_it_is_imported() -> None:
-    """Each module of the supervisor's package, imported alone, leaves torch unloaded (the
-    zygote imports it meanwhile); it imports torch only inside functions that need it."""
+@pytest.mark.parametrize("package", WORKER_SIDE)
+def test_no_supervisor_module_imports_torch_as_it_is_imported(package: str) -> None:
+    """Each module of the supervisor's package (and the Slurm worker's), imported alone,
+    leaves torch unloaded (the zygote imports it meanwhile); it imports torch only inside
+    functions that need it."""
     modules = sorted(
-        "workers.supervisor." + path.relative_to(WORKERS / "supervisor").with_suffix("").as_posix()
-        for path in (WORKERS / "supervisor").rglob("*.py")
+        f"workers.{package}." + path.relative_to(WORKERS / package).with_suffix("").as_posix()
+        for path in (WORKERS / package).rglob("*.py")
         if path.name != "__init__.py"
     )
     check = (
