@@ -59,10 +59,12 @@ async def admit(
     With an ``idempotency_key`` the queued limit is left to the insert, which answers a
     retry with its job before it counts."""
     users.check_spec_rights(who, spec)
+    if spec.nodes > 1 and is_sqlite(engine):  # only a Slurm worker serves it there
+        catalog = catalogs.cached() or await to_thread.run_sync(catalogs.get, engine)
+        _check_database(engine, spec, catalog)
     reason = catalogs.check_cached(spec)
     if reason is None:  # the cached catalog expired, or would refuse it: ask as of now
         reason = await to_thread.run_sync(catalogs.check, engine, spec)
-    _check_database(engine, spec, catalogs.cached())
     if spec.devices * spec.nodes > 1:  # every quota allows one device: no query for those
         await to_thread.run_sync(_check_running_quota, engine, who.name, spec, settings)
     own_limits = users.OWN_LIMITS.cached()

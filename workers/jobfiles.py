@@ -112,7 +112,8 @@ class JobFiles:
         own = {f"{prefix}.json", f"{prefix}-result.json", f"{prefix}-metrics.jsonl",
                f"{prefix}-points.jsonl", f"{prefix}-environment.json",
                f"{prefix}-handoff.json", f"{prefix}-slurm.sh", f"{prefix}-slurm.out",
-               f"{prefix}-slurm.err"}  # fmt: skip
+               f"{prefix}-slurm.err", f"{prefix}-slurm.out.stored",
+               f"{prefix}-slurm.err.stored"}  # fmt: skip
         return name in own or (name.startswith(f"{prefix}-rank-") and name.endswith("-error.json"))
 
     def rank_errors(self, attempt: int) -> list[Path]:

@@ -93,6 +93,16 @@ class Cluster:
                 found[job.id] = job
         return found
 
+    def cpus_per_node(self, partition: str | None) -> int:
+        """The fewest CPUs a node of the partition (default: every node) has."""
+        argv = ["sinfo", "--noheader", "--format=%c"]
+        if partition:
+            argv.append(f"--partition={partition}")
+        counts = [int(w) for w in self._run(*argv).split() if w.isdigit()]
+        if not counts:
+            raise SlurmError(f"sinfo lists no node in partition {partition or '(default)'}")
+        return min(counts)
+
     def exit_code(self, job_id: str) -> str | None:
         """How an ended job's batch script exited ("1:0": code 1; "0:9": signal 9), while
         Slurm still knows it."""

@@ -5,6 +5,7 @@ shared filesystem, and the worker stores its new lines at each tick."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import time
 from pathlib import Path
 
@@ -30,6 +31,31 @@ class LogTail:
         self._partial = ""
         self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
         self._pending: list[Line] = []
+        self._done = 0  # the offset the marker last said
+
+    @property
+    def _marker(self) -> Path:
+        return self.path.with_name(self.path.name + ".stored")
+
+    def resume(self) -> None:
+        """Go on from the offset whose lines the store has (a restarted worker adopting
+        the attempt), so no line is stored twice; the job could change the marker, which
+        would only repeat or skip its own lines."""
+        try:
+            data = nofollow.read(self.root, self._marker, 32)
+        except OSError:
+            data = None
+        if data and data.strip().isdigit():
+            self._offset = int(data)
+
+    def stored(self) -> None:
+        """The lines read so far are in the store: remember where they end."""
+        done = self._offset - len(self._partial.encode())
+        if done != self._done:
+            self._done = done
+            # a folder the job made unwritable: its lines may repeat after a restart
+            with contextlib.suppress(OSError):
+                nofollow.write(self.root, self._marker, str(done).encode())
 
     def note(self, text: str) -> None:
         """A line of the worker's own, for the job's log."""

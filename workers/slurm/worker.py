@@ -89,7 +89,9 @@ class SlurmWorker:
         self.attempts: dict[int, Submitted] = {}
         self.recipes: dict[str, Recipe] = {}
         self.accelerator = Accelerator.cuda if settings.slurm_gpus_per_node > 0 else Accelerator.cpu
-        self.per_node = settings.slurm_gpus_per_node or settings.cpu_slots or 1
+        # devices a job may ask for on each node: GPUs, or on a CPU partition its CPUs
+        # (CPU_SLOTS, else what sinfo says a node has, once the worker starts)
+        self.per_node = settings.slurm_gpus_per_node or settings.cpu_slots or 0
         self.python = settings.slurm_python or sys.executable
         self._wake = threading.Event()
         self._stopping = False
@@ -142,6 +144,8 @@ class SlurmWorker:
                 "the Slurm worker runs as root: Slurm runs each job as the account that "
                 "submits it, so its jobs run as root; run it as a service account"
             )
+        if self.per_node == 0:
+            self.per_node = self.cluster.cpus_per_node(self.settings.slurm_partition)
         found = find_recipes(self.settings.recipes_dir)
         self.recipes = found.recipes
         self._adopt()
@@ -350,17 +354,18 @@ class SlurmWorker:
         attempt = self._watch(job, claim.fence)
         try:
             attempt.slurm_id = self._submit(attempt)
-        except Exception as exc:  # Slurm refused it: the attempt fails, retried
+        except Exception as exc:  # refused, or the controller is down: retried later
             log.warning("job %s: sbatch failed: %s", job.id, exc)
             self._note(attempt, f"sbatch failed: {exc}")
             self._flush(attempt)
-            store.finish_attempt(
-                self.engine,
-                claim.fence,
-                store.Outcome(
-                    JobStatus.failed, ReasonCode.bad_spec, f"Slurm refused the job: {exc}"
-                ),
+            refused = store.Outcome(
+                JobStatus.failed,
+                ReasonCode.error,
+                f"Slurm did not take the job: {exc}",
+                retryable=True,  # within max_attempts: a controller restarting, say
+                own=False,
             )
+            store.finish_attempt(self.engine, claim.fence, refused)
             self._forget(attempt)
             return True
         store.record_executor(
@@ -389,6 +394,8 @@ class SlurmWorker:
             LogTail(root, runner / f"attempt-{fence.attempt}-slurm.{name}", stream)
             for name, stream in (("out", "stdout"), ("err", "stderr"))
         ]
+        for tail in attempt.logs:  # adopted: on from what the last run stored
+            tail.resume()
         for files in attempt.files:
             points = files.points(fence.attempt)
             attempt.reporters.append(
@@ -511,9 +518,12 @@ class SlurmWorker:
             limit = self.settings.max_log_lines
             store.append_logs(self.engine, attempt.fence, lines, max_lines=limit)
         except Exception:
-            for tail in attempt.logs:
-                tail.put_back([line for line in lines if line[1] == tail.stream])
+            for i, tail in enumerate(attempt.logs):  # the worker's notes are the first's
+                ours = (tail.stream, "system") if i == 0 else (tail.stream,)
+                tail.put_back([line for line in lines if line[1] in ours])
             raise
+        for tail in attempt.logs:
+            tail.stored()
 
 
 def _read_below(root: Path, path: Path, offset: int, limit: int) -> bytes | None:

@@ -45,6 +45,9 @@ def test_srun_runs_a_task_on_each_node(cluster: SlurmCluster, tmp_path: Path) ->
 def test_cancel_leaves_no_job_and_no_process(cluster: SlurmCluster, tmp_path: Path) -> None:
     job = submit(cluster, tmp_path / "job.out", "--wrap", "sleep 300")
     cluster.wait_state(job, "RUNNING", timeout=WAIT_S)
+    deadline = time.monotonic() + WAIT_S  # RUNNING comes a moment before its processes
+    while not cluster.job_processes(job) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert cluster.job_processes(job)
 
     assert cluster.run("scancel", job).returncode == 0
