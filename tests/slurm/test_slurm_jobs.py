@@ -178,6 +178,8 @@ def test_a_killed_slurm_worker_adopts_its_jobs_when_restarted(
     assert any(f"adopted by slurm after a restart (Slurm job {first})" in t for t in texts)
     assert slurm_id(slurm_stack, job["id"]) == first
     assert sum("submitted to Slurm" in t for t in texts) == 1, texts
+    # its output read on from what was stored before the kill: no line twice
+    assert sum("attempt 1: single on 1 cpu" in t for t in texts) == 1, texts
 
 
 def test_a_job_past_its_timeout_is_stopped_and_fails(
