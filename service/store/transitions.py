@@ -91,6 +91,7 @@ def _lease_ended(code: ReasonCode, message: str, **more: Any) -> dict[str, Any]:
         "lease_token": None,
         "lease_expires_at": None,
         "runner_pgid": None,
+        "executor_id": None,  # Slurm's job of the attempt that ended
         **more,
     }
 

@@ -182,6 +182,30 @@ def test_a_killed_slurm_worker_adopts_its_jobs_when_restarted(
     assert sum("attempt 1: single on 1 cpu" in t for t in texts) == 1, texts
 
 
+def test_a_job_whose_worker_stays_silent_stops_itself_and_runs_again(
+    slurm_stack: Stack, cluster: SlurmCluster
+) -> None:
+    """kill -9 of the worker, not restarted: past its lease (and the clocks' slack) the
+    batch job cancels itself, so no later attempt shares its folder with it; a worker
+    started then requeues the job and it runs again."""
+    worker = start_slurm_worker(slurm_stack, lease_s=3)
+    job = slurm_stack.submit(**{**SLOW, "epochs": 12})
+    running_in_slurm(slurm_stack, job["id"])
+    first = slurm_id(slurm_stack, job["id"])
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    nothing_left(cluster, first)  # no worker wrote about it meanwhile: it stopped itself
+    [(code,)] = slurm_stack.query("SELECT status FROM job WHERE id = :id", id=job["id"])
+    assert code == "running"  # nothing else ran meanwhile: its lease simply lapsed
+    start_slurm_worker(slurm_stack, lease_s=3)
+    again = wait_for(
+        lambda: (j := slurm_stack.job(job["id"]))["attempt"] == 2 and j, 30, "the next attempt"
+    )
+    assert again["reason"]["code"] in ("worker_lost", "slurm_pending", "running"), again
+    assert slurm_id(slurm_stack, job["id"]) != first
+    slurm_stack.http.post(f"/jobs/{job['id']}/cancel")
+
+
 def test_a_job_past_its_timeout_is_stopped_and_fails(
     slurm_stack: Stack, cluster: SlurmCluster
 ) -> None:

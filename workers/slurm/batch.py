@@ -24,6 +24,8 @@ from service.settings import Settings
 # from when Slurm started the job) comes first: the limit is a backstop past it.
 SIGNAL_BEFORE_END_S = 60
 TIME_LIMIT_MARGIN_S = 120
+# Nodes' and the submit host's clocks may differ by this much (keep them on NTP).
+LEASE_WATCH_SLACK_S = 10
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Attempt:
     handoff: Path  # the hand-off the runners read (no credential in it)
     output: Path  # Slurm writes the job's stdout here ...
     error: Path  # ... and its stderr here
+    alive: Path  # when the worker last renewed its leases (seconds since the epoch)
+    lease_s: float  # a job whose worker is silent this long stops itself
 
 
 def name(job_id: int) -> str:
@@ -124,9 +128,10 @@ def script(job: Job, settings: Settings, attempt: Attempt, *, python: str, threa
     # worker refuses such a DATA_DIR at start)
     lines += [f"#SBATCH {o}" for o in options(job, settings, attempt)]
     lines += [
-        "# One runner per node: it starts that node's ranks, as a worker on a box does.",
         "set -eu",
         "export PYTHONUNBUFFERED=1",
+        *_lease_watch(attempt),
+        "# One runner per node: it starts that node's ranks, as a worker on a box does.",
     ]
     srun = "srun --kill-on-bad-exit=1 --ntasks-per-node=1"
     if job.nodes == 1:
@@ -146,3 +151,22 @@ def script(job: Job, settings: Settings, attempt: Attempt, *, python: str, threa
         '    --node-addresses "$addresses" --rendezvous "${addresses%%,*}:$port"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _lease_watch(attempt: Attempt) -> list[str]:
+    """A loop beside the runners: once the worker has not renewed its leases for a whole
+    lease (past the clocks' skew, LEASE_WATCH_SLACK_S), the job is no longer provably its
+    attempt's, and cancels itself, as a box's lease watchdog kills such an attempt.
+    (Slurm ends the loop with the job.)"""
+    allowed = int(attempt.lease_s + LEASE_WATCH_SLACK_S)
+    return [
+        "# Stop if the worker that holds this attempt's lease has gone silent.",
+        f"alive={attempt.alive}",
+        "(while sleep 5; do",
+        '    last=$(head -c 20 "$alive" 2>/dev/null || echo 0)',
+        f"    if [ $(( $(date +%s) - ${{last:-0}} )) -gt {allowed} ]; then",
+        f'        echo "trainyard: its worker renewed no lease for over {allowed}s; stopping" >&2',
+        '        scancel "$SLURM_JOB_ID"; break',
+        "    fi",
+        "done) &",
+    ]

@@ -61,6 +61,8 @@ class Submitted:
     running_since: float | None = None  # monotonic: when Slurm first said RUNNING
     charged_until: float | None = None
     stop: StopReason | None = None
+    last_step: int | None = None  # the stall watch: the step last seen ...
+    last_advance: float | None = None  # ... and when it last moved (while Slurm runs it)
     reason: str = ""  # the waiting reason last written
     logs: list[LogTail] = field(default_factory=list)
     reporters: list[DbReporter] = field(default_factory=list)
@@ -93,6 +95,8 @@ class SlurmWorker:
         # (CPU_SLOTS, else what sinfo says a node has, once the worker starts)
         self.per_node = settings.slurm_gpus_per_node or settings.cpu_slots or 0
         self.python = settings.slurm_python or sys.executable
+        # when this worker last renewed its leases, for its batch jobs to read
+        self._alive_file = settings.data_dir.resolve() / "slurm-workers" / f"{self.worker_id}.alive"
         self._wake = threading.Event()
         self._stopping = False
 
@@ -148,6 +152,8 @@ class SlurmWorker:
             self.per_node = self.cluster.cpus_per_node(self.settings.slurm_partition)
         found = find_recipes(self.settings.recipes_dir)
         self.recipes = found.recipes
+        self._alive_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self._alive_file, f"{time.time():.0f}\n")
         self._adopt()
         catalog.register_worker(
             self.engine,
@@ -243,7 +249,22 @@ class SlurmWorker:
                 self._lose(attempt, "its lease was not renewed")
             elif state.status == JobStatus.cancelling and attempt.stop is None:
                 self._stop(attempt, StopReason.cancel)
+            elif self._stalled(attempt, state.step, time.monotonic()):
+                self._stop(attempt, StopReason.stalled)
         self._charge()
+        # The batch jobs' own watch reads this: a job whose worker is silent past its
+        # lease stops itself, as the lease watchdog stops one on a box (its job may be
+        # another worker's attempt by then, in the same folder).
+        write_atomic(self._alive_file, f"{time.time():.0f}\n")
+
+    def _stalled(self, attempt: Submitted, step: int | None, now: float) -> bool:
+        """No training step for STALL_TIMEOUT_S while Slurm runs it (a script that has
+        reported no step yet is not judged: it may never report one)."""
+        if attempt.running_since is None or (step is None and attempt.job.entrypoint):
+            return False
+        if step != attempt.last_step or attempt.last_advance is None:
+            attempt.last_step, attempt.last_advance = step, now
+        return now - attempt.last_advance > self.settings.stall_timeout_s
 
     def _charge(self) -> None:
         """Fair share: the device-seconds of the attempts Slurm runs."""
@@ -442,6 +463,8 @@ class SlurmWorker:
             handoff=path,
             output=attempt.logs[0].path,
             error=attempt.logs[1].path,
+            alive=self._alive_file,
+            lease_s=self.settings.lease_s,
         )
         processes = job.devices if job.strategy == "ddp" else 1
         threads = 1 if self.accelerator == Accelerator.cuda else max(1, job.devices // processes)

@@ -29,6 +29,8 @@ def _script(job: Job, tmp_path: Path, **settings: object) -> str:
         handoff=tmp_path / "h.json",
         output=tmp_path / "o.out",
         error=tmp_path / "o.err",
+        alive=tmp_path / "w.alive",
+        lease_s=15,
     )
     return batch.script(job, Settings(**settings), attempt, python="/opt/py", threads=1)  # type: ignore[arg-type]
 
@@ -52,6 +54,7 @@ def test_a_gpu_partition_gets_gpus_per_node_or_gres(tmp_path: Path) -> None:
                    "--constraint=nvlink", "--exclusive", f"--output={tmp_path}/o.out"):  # fmt: skip
         assert wanted in options, (wanted, options)
     assert "--accelerator cuda" in text and "--node-from-env SLURM_NODEID" in text
+    assert f"alive={tmp_path}/w.alive" in text and "-gt 25 ]" in text  # the lease watch
     gres = _script(job, tmp_path, slurm_gpus_per_node=8, slurm_gpu_option="gres")
     assert "#SBATCH --gres=gpu:4\n" in gres and "--gpus-per-node" not in gres
 
