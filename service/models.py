@@ -596,8 +596,8 @@ class Worker(SQLModel, table=True):
     across_boxes: bool = False
     # "box": it runs jobs on its own devices; "slurm": it submits them to a Slurm
     # cluster (workers.slurm), which places them on up to max_nodes nodes
-    executor: str = Field("box", max_length=16, sa_column_kwargs={"server_default": "box"})
-    max_nodes: int = Field(1, sa_column_kwargs={"server_default": "1"})
+    executor: str = Field(default="box", max_length=16, sa_column_kwargs={"server_default": "box"})
+    max_nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     # what protects the box from its jobs (workers.supervisor.walls); None: not said
     job_walls: dict[str, str] | None = Field(default=None, sa_type=JSON)
     # its cache of packages, virtualenvs and blobs: size, budget, the disk's free space,
