@@ -16,13 +16,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, and_, bindparam, case, func, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, case, exists, func, or_, select, update
 
 from service.db import read_session, statement_connection, write_session
 from service.jobspec import served_accelerators
 from service.models import BOOTSTRAP_USER, Job, JobStatus, Strategy, utcnow
 from service.reasons import ReasonCode
 from service.store.tables import job_table as _job
+from service.store.tables import node_table as _node
 from service.store.tables import queued
 from service.store.transitions import NEXT_STATUS, Fence, fenced
 from service.store.usage import quota_limit, running_devices
@@ -70,8 +71,10 @@ def _claimable(
     where = [
         queued(job),
         # A box's worker takes one-node jobs (a job across boxes starts when its gang is
-        # whole: gang.py); a Slurm worker takes jobs across up to its cluster's nodes.
+        # whole: gang.py); a Slurm worker takes jobs across up to its cluster's nodes,
+        # but not one whose gang boxes' workers have begun to form (sharing one queue).
         job.c.nodes <= bindparam("max_nodes"),
+        or_(job.c.nodes == 1, ~exists().where(_node.c.job_id == job.c.id)),
         # Whole devices, or a share of one GPU (gpu_memory_gb): never both, so a shared
         # GPU is never handed out whole, nor a whole one shared (the worker's room is 0
         # on a box without GPUs).
@@ -132,8 +135,12 @@ def _best_of(
         .where(
             job.c.owner == user.c.name,
             *_claimable(job, devices, room, shape),
-            # The running quota: what the user's jobs hold now, and this job, within it.
-            or_(limit.is_(None), job.c.devices <= limit - running_devices(user.c.name)),
+            # The running quota: what the user's jobs hold now, and this job (on each
+            # of its nodes), within it.
+            or_(
+                limit.is_(None),
+                job.c.devices * job.c.nodes <= limit - running_devices(user.c.name),
+            ),
             *([] if also is None else [also(job)]),
         )
         .order_by(*order)

@@ -67,9 +67,10 @@ def weights(stack: Stack, job_id: int) -> dict[str, torch.Tensor]:
     return load((stack.tmp / "data" / "jobs" / str(job_id) / MODEL_FILE).read_bytes())
 
 
-def nothing_left(cluster: SlurmCluster, slurm_job: str) -> None:
+def nothing_left(cluster: SlurmCluster, slurm_job: str, timeout_s: float = 30) -> None:
     """Not in squeue, and no process of it on any node."""
-    wait_for(lambda: slurm_job not in cluster.squeue_ids(), 30, f"Slurm job {slurm_job} to go")
+    gone = f"Slurm job {slurm_job} to go"
+    wait_for(lambda: slurm_job not in cluster.squeue_ids(), timeout_s, gone)
     wait_for(lambda: not cluster.job_processes(slurm_job), 30, f"Slurm job {slurm_job}'s processes")
 
 
@@ -194,7 +195,8 @@ def test_a_job_whose_worker_stays_silent_stops_itself_and_runs_again(
     first = slurm_id(slurm_stack, job["id"])
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
-    nothing_left(cluster, first)  # no worker wrote about it meanwhile: it stopped itself
+    # (LEASE_S 3 s + 10 s of slack, seen on two looks 5 s apart, then scancel's KillWait)
+    nothing_left(cluster, first, timeout_s=60)  # no worker wrote meanwhile: it stopped itself
     [(code,)] = slurm_stack.query("SELECT status FROM job WHERE id = :id", id=job["id"])
     assert code == "running"  # nothing else ran meanwhile: its lease simply lapsed
     start_slurm_worker(slurm_stack, lease_s=3)

@@ -155,18 +155,27 @@ def script(job: Job, settings: Settings, attempt: Attempt, *, python: str, threa
 
 def _lease_watch(attempt: Attempt) -> list[str]:
     """A loop beside the runners: once the worker has not renewed its leases for a whole
-    lease (past the clocks' skew, LEASE_WATCH_SLACK_S), the job is no longer provably its
-    attempt's, and cancels itself, as a box's lease watchdog kills such an attempt.
-    (Slurm ends the loop with the job.)"""
+    lease (past the clocks' skew, LEASE_WATCH_SLACK_S), on two looks in a row, the job is
+    no longer provably its attempt's and cancels itself, as a box's lease watchdog kills
+    such an attempt. A file it cannot read (a network filesystem's hiccup) is not a
+    silent worker; a scancel that fails is tried again. (Slurm ends the loop with the
+    job.)"""
     allowed = int(attempt.lease_s + LEASE_WATCH_SLACK_S)
     return [
         "# Stop if the worker that holds this attempt's lease has gone silent.",
-        f"alive={attempt.alive}",
-        "(while sleep 5; do",
-        '    last=$(head -c 20 "$alive" 2>/dev/null || echo 0)',
-        f"    if [ $(( $(date +%s) - ${{last:-0}} )) -gt {allowed} ]; then",
-        f'        echo "trainyard: its worker renewed no lease for over {allowed}s; stopping" >&2',
-        '        scancel "$SLURM_JOB_ID"; break',
+        f"alive={shlex.quote(str(attempt.alive))}",
+        "(set +e; stale=0",
+        " while sleep 5; do",
+        '    last=$(head -c 20 "$alive" 2>/dev/null) || continue',
+        '    case "$last" in ""|*[!0-9]*) continue ;; esac',
+        f"    if [ $(( $(date +%s) - last )) -gt {allowed} ]; then",
+        "        stale=$((stale + 1))",
+        "    else",
+        "        stale=0",
         "    fi",
-        "done) &",
+        '    if [ "$stale" -ge 2 ]; then',
+        f'        echo "trainyard: its worker renewed no lease for over {allowed}s; stopping" >&2',
+        '        scancel "$SLURM_JOB_ID" && break',
+        "    fi",
+        " done) &",
     ]

@@ -20,6 +20,8 @@ COMMAND_TIMEOUT_S = 30.0
 WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING",
                      "STAGE_OUT", "RESIZING", "RESV_DEL_HOLD"})  # fmt: skip
+# Running, but paused by Slurm (PreemptMode=SUSPEND, scontrol suspend): its clocks stop.
+PAUSED = frozenset({"SUSPENDED", "STOPPED"})
 # Everything else is an end: COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED,
 # OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, SPECIAL_EXIT, REVOKED.
 
@@ -36,6 +38,7 @@ class SlurmJob:
     state: str
     reason: str  # why it waits ("Priority", "Resources" ...); "None" when it does not
     nodes: str  # the nodes it runs on (a hostlist), "" while it waits
+    used_s: float  # how long Slurm has run it
     comment: str
 
     @property
@@ -45,6 +48,10 @@ class SlurmJob:
     @property
     def running(self) -> bool:
         return self.state in RUNNING
+
+    @property
+    def paused(self) -> bool:
+        return self.state in PAUSED
 
     @property
     def ended(self) -> bool:
@@ -84,13 +91,15 @@ class Cluster:
     def jobs(self) -> dict[str, SlurmJob]:
         """This account's jobs that Slurm still knows, ended ones included (for
         MinJobAge after their end), by id."""
-        out = self._run("squeue", "--me", "--noheader", "--states=all", "--format=%i|%T|%r|%N|%k")
+        out = self._run(
+            "squeue", "--me", "--noheader", "--states=all", "--format=%i|%T|%r|%N|%M|%k"
+        )
         found = {}
         for line in out.splitlines():
-            parts = line.split("|", 4)
-            if len(parts) == 5:
-                job = SlurmJob(*(p.strip() for p in parts))
-                found[job.id] = job
+            parts = [p.strip() for p in line.split("|", 5)]
+            if len(parts) == 6:
+                job_id, state, reason, nodes, used, comment = parts
+                found[job_id] = SlurmJob(job_id, state, reason, nodes, seconds(used), comment)
         return found
 
     def cpus_per_node(self, partition: str | None) -> int:
@@ -127,3 +136,18 @@ class Cluster:
         except SlurmError as exc:
             if "Invalid job id" not in str(exc):
                 raise
+
+
+def seconds(elapsed: str) -> float:
+    """squeue's time used ("5:03", "1:02:03", "2-01:02:03") in seconds; 0 for anything
+    else ("INVALID", a job not started)."""
+    days, _, clock = elapsed.rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        whole_days = int(days or 0)
+    except ValueError:
+        return 0.0
+    if not 2 <= len(parts) <= 3:
+        return 0.0
+    hours, minutes, secs = [0] * (3 - len(parts)) + parts
+    return float(whole_days * 86400 + hours * 3600 + minutes * 60 + secs)

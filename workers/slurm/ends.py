@@ -35,6 +35,16 @@ def outcome(
                 ReasonCode.preempted,
                 f"{where} was preempted by Slurm; resumes from its last checkpoint",
             )
+        if state == "TIMEOUT" and timeout_s is None and report is not None and report.preempted:
+            # The partition's limit, not the job's: it checkpointed at Slurm's SIGTERM
+            # (--signal), and a run longer than any partition allows goes on in the next
+            # allocation, no attempt spent (each one trains further).
+            return Outcome(
+                JobStatus.queued,
+                ReasonCode.preempted,
+                f"{where} reached the partition's time limit; resumes from its checkpoint "
+                f"({report.preempted})",
+            )
         if state == "TIMEOUT":
             return Outcome(
                 JobStatus.failed,

@@ -64,12 +64,12 @@ class LogTail:
     def put_back(self, lines: list[Line]) -> None:
         self._pending[:0] = lines
 
-    def read(self, *, final: bool = False) -> list[Line]:
+    def read(self, *, final: bool = False, files: bool = True) -> list[Line]:
         """The lines written since the last read (``final``: the job ended, so a last
         line without its newline counts too). The file is read never through a link: the
-        job's account owns the folder it is in."""
+        job's account owns the folder it is in. ``files``: False for the notes only."""
         lines, self._pending = self._pending, []
-        if self.stream == "system":
+        if not files:  # the notes only
             return lines
         try:
             data = nofollow.read(self.root, self.path, READ_BYTES, self._offset)

@@ -2,13 +2,14 @@
 submit host. It claims jobs from Trainyard's queue (fair share, quotas and sweeps decide
 what), submits each attempt as one Slurm batch job (Slurm decides where it runs), and
 watches it to its end: Slurm's state and waiting reason, the runners' logs, points and
-reports, which reach the database through this process (the job's holds no credential).
+reports, which reach the database through this process (the job's hold no credential).
 
-It holds each job's lease as a box's worker does, renews it at every heartbeat while the
-Slurm job lives, and cancels through ``scancel``. Its jobs outlive it: stopped or killed,
-it leaves them running in Slurm, and at its next start adopts the ones whose lease it
-still holds (by the comment each batch job carries), and cancels any other Slurm job it
-submitted. The contract it shares with a box's supervisor (submit, watch, cancel, adopt) is
+It holds each job's lease as a box's worker does, renewed on a thread of its own
+(``leases``) while the Slurm job lives, and cancels through ``scancel``. Its jobs outlive
+it: stopped or killed, it leaves them running in Slurm, and at its next start adopts the
+ones whose lease it still holds (by the comment each batch job carries); a Slurm job of
+its own that no attempt it follows owns is cancelled, at start and at every poll. The
+contract it shares with a box's supervisor (submit, watch, cancel, adopt) is
 docs/architecture.md's, "Executors".
 """
 
@@ -17,15 +18,17 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from service import catalog, store
-from service.db import make_engine
+from service.db import make_engine, read_session
 from service.models import Accelerator, Job, JobStatus, Worker, utcnow
 from service.reasons import ReasonCode
 from service.settings import Settings
@@ -37,7 +40,9 @@ from workers.outcome import RunnerReport, StopReason
 from workers.points_file import PointsReader
 from workers.recipes import Recipe, find_recipes
 from workers.slurm import batch, ends
+from workers.slurm.attempt import Submitted
 from workers.slurm.cluster import Cluster, SlurmError, SlurmJob
+from workers.slurm.leases import LeaseKeeper
 from workers.slurm.logs import LogTail
 from workers.supervisor import inputs, nofollow
 from workers.supervisor.launch import clear_attempt, runner_env
@@ -45,37 +50,15 @@ from workers.supervisor.reporter import DbReporter
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # A runner's report is a few KiB; past this it is not one (as on a box).
 MAX_REPORT_BYTES = 2**20
-
-
-@dataclass
-class Submitted:
-    """One attempt in Slurm, as this worker watches it."""
-
-    job: Job
-    fence: Fence
-    files: list[JobFiles]  # one per node (a single one for a job on one node)
-    slurm_id: str | None = None  # None until sbatch answered
-    seen: SlurmJob | None = None  # what squeue said last
-    running_since: float | None = None  # monotonic: when Slurm first said RUNNING
-    charged_until: float | None = None
-    stop: StopReason | None = None
-    last_step: int | None = None  # the stall watch: the step last seen ...
-    last_advance: float | None = None  # ... and when it last moved (while Slurm runs it)
-    reason: str = ""  # the waiting reason last written
-    logs: list[LogTail] = field(default_factory=list)
-    reporters: list[DbReporter] = field(default_factory=list)
-    lost: bool = False  # the lease is not ours: nothing more is written about it
-
-    @property
-    def devices(self) -> int:
-        return self.job.devices * self.job.nodes
-
-    def uncharged(self, now: float) -> float:
-        if self.charged_until is None:
-            return 0.0
-        return self.devices * max(0.0, now - self.charged_until)
+# A job squeue does not list this many polls in a row has ended (one miss may be a
+# controller's hiccup).
+MISSING_POLLS = 2
+# A worker id goes into the batch job's comment and the alive file's name.
+WORKER_ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
 
 class SlurmWorker:
@@ -96,32 +79,46 @@ class SlurmWorker:
         self.per_node = settings.slurm_gpus_per_node or settings.cpu_slots or 0
         self.python = settings.slurm_python or sys.executable
         # when this worker last renewed its leases, for its batch jobs to read
-        self._alive_file = settings.data_dir.resolve() / "slurm-workers" / f"{self.worker_id}.alive"
+        alive = settings.data_dir.resolve() / "slurm-workers" / f"{self.worker_id}.alive"
         self._wake = threading.Event()
+        self.keeper = LeaseKeeper(
+            self.engine,
+            self.worker_id,
+            lambda: list(self.attempts.values()),
+            lease_s=settings.lease_s,
+            interval_s=settings.heartbeat_interval_s,
+            alive_file=alive,
+            on_renewed=self._wake.set,
+        )
         self._stopping = False
+        self._orphans: set[str] = set()  # Slurm jobs of ours no attempt owns, cancelled
+        self._last_poll: float | None = None  # monotonic
 
     # --- public ------------------------------------------------------------------
 
     def run(self) -> None:
         """Work until stopped; the jobs in Slurm run on."""
         self._open()
-        next_heartbeat = next_poll = 0.0
+        self.keeper.start()
+        next_poll = next_charge = 0.0
         try:
             while not self._stopping:
                 now = time.monotonic()
-                if now >= next_heartbeat:
-                    next_heartbeat = now + self.settings.heartbeat_interval_s
-                    self._guarded(self._heartbeat)
                 if now >= next_poll:
                     next_poll = now + self.settings.slurm_poll_interval_s
                     self._guarded(self._poll)
+                if now >= next_charge:
+                    next_charge = now + self.settings.heartbeat_interval_s
+                    self._guarded(self._charge)
+                self._guarded(self._act)
                 self._guarded(self._flush_logs)
                 claimed = self._guarded(self._claim)
                 if not claimed:
-                    wait = min(next_heartbeat, next_poll) - time.monotonic()
+                    wait = min(next_poll, next_charge) - time.monotonic()
                     self._wake.wait(max(0.05, min(wait, 0.5)))
                     self._wake.clear()
         finally:
+            self.keeper.stop()
             self._close()
 
     def stop(self) -> None:
@@ -138,11 +135,17 @@ class SlurmWorker:
     # --- start and end -----------------------------------------------------------
 
     def _open(self) -> None:
+        if not WORKER_ID.fullmatch(self.worker_id):
+            raise SystemExit(
+                f"worker id {self.worker_id!r}: a Slurm worker's id is letters, digits, "
+                "'.', '_' and '-' (it names its batch jobs' comment); set --worker-id"
+            )
         if any(c.isspace() for c in str(self.settings.data_dir.resolve())):
             raise SystemExit(
                 f"DATA_DIR {self.settings.data_dir} has a space: Slurm's #SBATCH lines "
                 "cannot name its files"
             )
+        self._refuse_a_box_of_the_same_id()
         if os.geteuid() == 0:
             log.warning(
                 "the Slurm worker runs as root: Slurm runs each job as the account that "
@@ -152,8 +155,8 @@ class SlurmWorker:
             self.per_node = self.cluster.cpus_per_node(self.settings.slurm_partition)
         found = find_recipes(self.settings.recipes_dir)
         self.recipes = found.recipes
-        self._alive_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self._alive_file, f"{time.time():.0f}\n")
+        self.keeper.alive_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.keeper.alive_file, f"{time.time():.0f}\n")
         self._adopt()
         catalog.register_worker(
             self.engine,
@@ -183,10 +186,22 @@ class SlurmWorker:
             ", ".join(sorted(self.recipes)),
         )
 
+    def _refuse_a_box_of_the_same_id(self) -> None:
+        """Both kinds default to the host's name: a box's worker of that id, alive, would
+        take this one's jobs for its own (and requeue them at its next start)."""
+        with read_session(self.engine) as session:
+            row = session.get(Worker, self.worker_id)
+        if row is None or row.executor == "slurm" or row.stopped_at is not None:
+            return
+        if (utcnow() - row.heartbeat_at).total_seconds() < catalog.WORKER_ALIVE_S:
+            raise SystemExit(
+                f"a box's worker named {self.worker_id!r} is running: give the Slurm "
+                "worker another --worker-id"
+            )
+
     def _close(self) -> None:
         for attempt in self.attempts.values():
-            for reporter in attempt.reporters:
-                reporter.close()
+            attempt.close_reporters()
         try:
             catalog.worker_stopped(self.engine, self.worker_id)
         except Exception:
@@ -208,54 +223,61 @@ class SlurmWorker:
             job = held.get(said[1])
             if job is not None and job.attempt == said[2]:
                 by_attempt[said[1], said[2]] = listed
-            elif not listed.ended:
-                log.warning("Slurm job %s: no attempt of ours owns it; cancelling", listed.id)
-                self.cluster.cancel(listed.id)
+        now = time.monotonic()
         for job in held.values():
             assert job.id is not None and job.lease_token is not None
             attempt = self._watch(job, Fence(job.id, job.attempt, job.lease_token))
             seen = by_attempt.get((job.id, job.attempt))
             attempt.slurm_id = seen.id if seen is not None else job.executor_id
             attempt.seen = seen
-            if seen is not None and seen.running:  # its time counts from now on
-                attempt.running_since = attempt.charged_until = time.monotonic()
+            for tail in attempt.logs:  # on from what the last run stored: no line twice
+                tail.resume()
+            if seen is not None and seen.running:  # its timeout counts Slurm's time
+                attempt.running_since = now - seen.used_s
+                attempt.charged_until = now
+                self._report_points(attempt)
             self._note(attempt, f"adopted by {self.worker_id} after a restart (Slurm job "
                                 f"{attempt.slurm_id or 'never submitted'})")  # fmt: skip
             if job.status == JobStatus.cancelling:  # the scancel may not have been sent
                 self._stop(attempt, StopReason.cancel)
             log.info("job %s: adopted (Slurm job %s)", job.id, attempt.slurm_id)
+        self._cancel_orphans(in_slurm)
 
     # --- the loop's steps ----------------------------------------------------------
 
-    def _guarded(self, step: partial[object] | object) -> object:
+    def _guarded(self, step: Callable[[], T]) -> T | None:
         """One step; a database or Slurm failure is logged and tried again next time."""
         try:
-            return step()  # type: ignore[operator]
+            return step()
         except (SlurmError, OSError) as exc:
             log.warning("%s", exc)
         except Exception:
             log.exception("Slurm worker step failed")
         return None
 
-    def _heartbeat(self) -> None:
-        catalog.worker_heartbeat(self.engine, self.worker_id)
-        for job_id in store.expire_leases(self.engine):
-            log.warning("job %s: its worker's lease expired; requeued", job_id)
-        live = [a for a in self.attempts.values() if not a.lost]
-        held = store.renew_lease(self.engine, [a.fence for a in live], self.settings.lease_s)
-        for attempt in live:
-            state = held.get(attempt.fence.job_id)
-            if state is None:
-                self._lose(attempt, "its lease was not renewed")
-            elif state.status == JobStatus.cancelling and attempt.stop is None:
-                self._stop(attempt, StopReason.cancel)
-            elif self._stalled(attempt, state.step, time.monotonic()):
-                self._stop(attempt, StopReason.stalled)
-        self._charge()
-        # The batch jobs' own watch reads this: a job whose worker is silent past its
-        # lease stops itself, as the lease watchdog stops one on a box (its job may be
-        # another worker's attempt by then, in the same folder).
-        write_atomic(self._alive_file, f"{time.time():.0f}\n")
+    def _each(self, what: str, act: Callable[[Submitted], object]) -> None:
+        """``act`` on every attempt; one that fails (its scancel, its write) is logged and
+        tried again next time, and the others go on."""
+        for attempt in list(self.attempts.values()):
+            try:
+                act(attempt)
+            except Exception as exc:
+                log.warning("job %s: %s failed: %s", attempt.job.id, what, exc)
+
+    def _act(self) -> None:
+        """What the lease keeper's last renewal asks (cancel, stall), stops not yet sent."""
+        self._each("acting on its lease", self._act_on)
+
+    def _act_on(self, attempt: Submitted) -> None:
+        held = attempt.held
+        if attempt.lost or held is None:
+            return
+        if held.status == JobStatus.cancelling:
+            self._stop(attempt, StopReason.cancel)
+        elif self._stalled(attempt, held.step, time.monotonic()):
+            self._stop(attempt, StopReason.stalled)
+        if attempt.stop is not None and not attempt.stop_sent:
+            self._send_stop(attempt)
 
     def _stalled(self, attempt: Submitted, step: int | None, now: float) -> bool:
         """No training step for STALL_TIMEOUT_S while Slurm runs it (a script that has
@@ -272,9 +294,8 @@ class SlurmWorker:
         charges: dict[str, float] = {}
         for attempt in self.attempts.values():
             if attempt.charged_until is not None:
-                charges[attempt.job.owner] = charges.get(attempt.job.owner, 0.0) + (
-                    attempt.uncharged(now)
-                )
+                owner = attempt.job.owner
+                charges[owner] = charges.get(owner, 0.0) + attempt.uncharged(now)
         if charges:
             store.charge_usage(self.engine, charges, utcnow(), self.settings.fair_share_half_life_s)
             for attempt in self.attempts.values():
@@ -283,44 +304,68 @@ class SlurmWorker:
 
     def _poll(self) -> None:
         """Ask Slurm about every attempt at once; act on what changed."""
-        if not self.attempts:
+        if not self.attempts and not self._orphans:
             return
         in_slurm = self.cluster.jobs()
         now = time.monotonic()
         for job_id, attempt in list(self.attempts.items()):
-            if attempt.lost:
+            if attempt.lost:  # the lease keeper (or a reporter) gave it up
+                attempt.close_reporters()
                 del self.attempts[job_id]
                 continue
-            seen = in_slurm.get(attempt.slurm_id or "")
-            if seen is not None:
-                attempt.seen = seen
-            if seen is None or seen.ended:
-                if self._finish(attempt, seen):
+            try:
+                if self._follow(attempt, in_slurm.get(attempt.slurm_id or ""), now):
                     del self.attempts[job_id]
-                continue
-            if seen.waiting:
-                self._waiting(attempt, seen)
-            elif attempt.running_since is None:
-                attempt.running_since = attempt.charged_until = now
-                self._note(attempt, f"Slurm job {seen.id} running on {seen.nodes}")
-                store.record_executor(
-                    self.engine,
-                    attempt.fence,
-                    reason=(ReasonCode.running, f"running in Slurm job {seen.id} on {seen.nodes}"),
-                )
-            self._enforce(attempt, now)
+            except Exception as exc:  # its write or its scancel: next poll
+                log.warning("job %s: %s", job_id, exc)
+        self._cancel_orphans(in_slurm)
+        self._last_poll = now
+
+    def _follow(self, attempt: Submitted, seen: SlurmJob | None, now: float) -> bool:
+        """One attempt as Slurm sees it now; True once its end is recorded."""
+        if seen is None:
+            attempt.missing += 1
+            if attempt.slurm_id is not None and attempt.missing < MISSING_POLLS:
+                return False
+            if attempt.slurm_id is not None:  # gone or forgotten: never left behind
+                self.cluster.cancel(attempt.slurm_id)
+            return self._finish(attempt, None)
+        attempt.missing = 0
+        attempt.seen = seen
+        if seen.ended:
+            return self._finish(attempt, seen)
+        if seen.waiting:
+            self._waiting(attempt, seen)
+        elif attempt.running_since is None:
+            attempt.running_since = now - seen.used_s
+            attempt.charged_until = now
+            self._report_points(attempt)
+            self._note(attempt, f"Slurm job {seen.id} running on {seen.nodes}")
+            store.record_executor(
+                self.engine,
+                attempt.fence,
+                reason=(ReasonCode.running, f"running in Slurm job {seen.id} on {seen.nodes}"),
+            )
+        elif seen.paused and self._last_poll is not None:
+            # Suspended by Slurm: neither its timeout, nor the stall watch, nor fair
+            # share count the pause.
+            attempt.running_since += now - self._last_poll
+            attempt.last_advance = now
+            attempt.charged_until = now
+        self._enforce(attempt, now)
+        return False
 
     def _waiting(self, attempt: Submitted, seen: SlurmJob) -> None:
         """A job pending in Slurm shows Slurm's reason as its own."""
         if seen.reason == attempt.reason:
             return
-        attempt.reason = seen.reason
         why = "" if seen.reason in ("None", "") else f": {seen.reason}"
         store.record_executor(
             self.engine,
             attempt.fence,
             reason=(ReasonCode.slurm_pending, f"pending in Slurm job {seen.id}{why}"),
         )
+        attempt.reason = seen.reason
 
     def _enforce(self, attempt: Submitted, now: float) -> None:
         """Trainyard's own timeout, counted from when Slurm started the job (Slurm's
@@ -331,24 +376,38 @@ class SlurmWorker:
             self._stop(attempt, StopReason.timeout)
 
     def _stop(self, attempt: Submitted, reason: StopReason) -> None:
-        """scancel: Slurm sends its processes SIGTERM (they checkpoint), then SIGKILL
-        after the cluster's KillWait. Its end is recorded once Slurm says it ended."""
-        if attempt.stop is not None and attempt.stop != reason:
+        """Stop the attempt for ``reason`` (the first stands); its end is recorded once
+        Slurm says its job ended."""
+        if attempt.stop is not None:
             return
         attempt.stop = reason
-        if attempt.slurm_id is not None:
-            self.cluster.cancel(attempt.slurm_id)
         log.info("job %s: stopping Slurm job %s (%s)", attempt.job.id, attempt.slurm_id, reason)
+        self._send_stop(attempt)
 
-    def _lose(self, attempt: Submitted, why: str) -> None:
-        """The job is not (provably) ours any more: its Slurm job must not train on."""
-        log.error("job %s: lease lost (%s); cancelling Slurm job %s", attempt.fence.job_id,
-                  why, attempt.slurm_id)  # fmt: skip
-        attempt.lost = True
-        for reporter in attempt.reporters:
-            reporter.close()
+    def _send_stop(self, attempt: Submitted) -> None:
+        """scancel: Slurm sends its processes SIGTERM (they checkpoint), then SIGKILL after
+        the cluster's KillWait. Sent once; a failed one is sent again next tick."""
         if attempt.slurm_id is not None:
             self.cluster.cancel(attempt.slurm_id)
+        attempt.stop_sent = True
+
+    def _cancel_orphans(self, in_slurm: dict[str, SlurmJob]) -> None:
+        """Cancel every Slurm job this worker submitted that no attempt it follows owns: a
+        lease that lapsed while it was down, an sbatch that timed out yet queued the job.
+        Nothing of an attempt that is not this worker's may run in a job's folder."""
+        ours = {(a.fence.job_id, a.fence.attempt): a.slurm_id for a in self.attempts.values()}
+        orphans = set()
+        for listed in in_slurm.values():
+            said = batch.parse_comment(listed.comment)
+            if said is None or said[0] != self.worker_id or listed.ended:
+                continue
+            if ours.get((said[1], said[2])) == listed.id:
+                continue
+            orphans.add(listed.id)
+            if listed.id not in self._orphans:
+                log.warning("Slurm job %s: no attempt of ours owns it; cancelling", listed.id)
+                self.cluster.cancel(listed.id)
+        self._orphans = orphans
 
     def _claim(self) -> bool:
         """Claim a job and submit it, while fewer than SLURM_MAX_PENDING wait in Slurm."""
@@ -372,7 +431,7 @@ class SlurmWorker:
         if claim is None:
             return False
         job = store.load_job(self.engine, claim.fence.job_id)
-        attempt = self._watch(job, claim.fence)
+        attempt = self._watch(job, claim.fence)  # the lease keeper renews it from now
         try:
             attempt.slurm_id = self._submit(attempt)
         except Exception as exc:  # refused, or the controller is down: retried later
@@ -387,7 +446,8 @@ class SlurmWorker:
                 own=False,
             )
             store.finish_attempt(self.engine, claim.fence, refused)
-            self._forget(attempt)
+            # (had sbatch queued it all the same, the next poll cancels it: no attempt owns it)
+            self.attempts.pop(claim.fence.job_id, None)
             return True
         store.record_executor(
             self.engine,
@@ -404,26 +464,36 @@ class SlurmWorker:
         return True
 
     def _watch(self, job: Job, fence: Fence) -> Submitted:
-        """Follow an attempt: its log files and, per node, its points and environment."""
+        """Follow an attempt, from now on renewed by the lease keeper."""
         assert job.id is not None
         data_dir = self.settings.data_dir
         nodes = [None] if job.nodes == 1 else list(range(job.nodes))
-        attempt = Submitted(job, fence, [JobFiles.of(data_dir, job.id, n) for n in nodes])
-        root = attempt.files[0].root
-        runner = root / attempt.files[0].runner if job.nodes == 1 else root / ".runner"
-        attempt.logs = [
-            LogTail(root, runner / f"attempt-{fence.attempt}-slurm.{name}", stream)
+        files = [JobFiles.of(data_dir, job.id, n) for n in nodes]
+        runner = files[0].root / ".runner"
+        logs = [
+            LogTail(files[0].root, runner / f"attempt-{fence.attempt}-slurm.{name}", stream)
             for name, stream in (("out", "stdout"), ("err", "stderr"))
         ]
-        for tail in attempt.logs:  # adopted: on from what the last run stored
-            tail.resume()
+        attempt = Submitted(job, fence, files, logs, cancel=self.cluster.cancel)
+        self.attempts[job.id] = attempt
+        return attempt
+
+    def _report_points(self, attempt: Submitted) -> None:
+        """Store what its rank 0 writes, per node: from when Slurm runs it (a reporter is
+        a thread that looks every 0.5 s; hundreds of pending jobs would each have one for
+        nothing), or at its end (it may have run between two polls)."""
+        if attempt.reporters or attempt.lost:
+            return
+        fence = attempt.fence
         for files in attempt.files:
             points = files.points(fence.attempt)
             attempt.reporters.append(
                 DbReporter(
                     self.engine,
                     fence,
-                    on_lease_lost=partial(self._lose, attempt, "the store refused its points"),
+                    # from the reporter's thread: marks it lost and cancels its Slurm job;
+                    # the loop closes the reporters
+                    on_lease_lost=partial(attempt.lose, "the store refused its points"),
                     flushed_marker=files.flushed_marker,
                     lease_s=self.settings.lease_s,
                     source=PointsReader(points, partial(_read_below, files.root, points)),
@@ -431,8 +501,6 @@ class SlurmWorker:
                     job_folder=files.root,
                 ).start()
             )
-        self.attempts[job.id] = attempt
-        return attempt
 
     def _submit(self, attempt: Submitted) -> str:
         """Place the job's inputs, write its hand-off and batch script, and sbatch it."""
@@ -444,16 +512,18 @@ class SlurmWorker:
                 update={"shared_dir": self.settings.data_dir.resolve()}
             ),
         )
-        for files in attempt.files:
-            files.root.mkdir(parents=True, exist_ok=True)
+        # What an earlier run of this attempt number left (a preempted attempt keeps its
+        # number) must not speak for this one: its report, points, output, markers.
+        main = JobFiles.of(self.settings.data_dir, fence.job_id)
+        for files in {main.runner: main, **{f.runner: f for f in attempt.files}}.values():
             (files.root / files.runner).mkdir(parents=True, exist_ok=True)
             clear_attempt(files, fence.attempt)
+        for files in attempt.files:
             try:
                 handoff.package, _ = inputs.place(self.settings, job, files)
             except Exception as exc:  # the runner reports it as the attempt's failure
                 handoff.inputs_error = describe(exc)
-        runner = attempt.files[0].root / ".runner"
-        clear_attempt(JobFiles.of(self.settings.data_dir, fence.job_id), fence.attempt)
+        runner = main.root / main.runner
         path = runner / f"attempt-{fence.attempt}-handoff.json"
         write_atomic(path, handoff.model_dump_json())
         spec = batch.Attempt(
@@ -463,7 +533,7 @@ class SlurmWorker:
             handoff=path,
             output=attempt.logs[0].path,
             error=attempt.logs[1].path,
-            alive=self._alive_file,
+            alive=self.keeper.alive_file,
             lease_s=self.settings.lease_s,
         )
         processes = job.devices if job.strategy == "ddp" else 1
@@ -485,18 +555,18 @@ class SlurmWorker:
     def _finish(self, attempt: Submitted, seen: SlurmJob | None) -> bool:
         """Record how an attempt ended, once Slurm says its job ended (or forgot it)."""
         if attempt.lost:
+            attempt.close_reporters()
             return True
         self._flush(attempt, final=True)
-        for reporter in attempt.reporters:
-            reporter.close()
+        self._report_points(attempt)  # what it wrote, had it run between two polls
+        attempt.close_reporters()  # its last points stored before its end is
         self._charge()
         reports = [r for r in (_report(f, attempt.fence.attempt) for f in attempt.files) if r]
-        slurm_id = attempt.slurm_id or "(never submitted)"
         exit_code = None
         if seen is not None and not reports:
             exit_code = self.cluster.exit_code(seen.id)
         outcome = ends.outcome(
-            slurm_id,
+            attempt.slurm_id or "(never submitted)",
             seen,
             reports,
             attempt.stop,
@@ -517,23 +587,21 @@ class SlurmWorker:
         log.info("job %s: %s", attempt.fence.job_id, outcome.reason_message)
         return True
 
-    def _forget(self, attempt: Submitted) -> None:
-        for reporter in attempt.reporters:
-            reporter.close()
-        self.attempts.pop(attempt.fence.job_id, None)
-
     # --- logs --------------------------------------------------------------------
 
     def _note(self, attempt: Submitted, text: str) -> None:
         attempt.logs[0].note(text)
 
     def _flush_logs(self) -> None:
-        for attempt in self.attempts.values():
-            if not attempt.lost:
-                self._flush(attempt)
+        self._each("storing its log lines", self._flush)
 
     def _flush(self, attempt: Submitted, *, final: bool = False) -> None:
-        lines = [line for tail in attempt.logs for line in tail.read(final=final)]
+        """Store its new log lines: the worker's notes, and once Slurm runs it (or it
+        ended), its output files' (a pending job has none yet)."""
+        if attempt.lost:
+            return
+        files = final or attempt.running_since is not None
+        lines = [line for tail in attempt.logs for line in tail.read(final=final, files=files)]
         if not lines:
             return
         lines.sort(key=lambda line: line[0])

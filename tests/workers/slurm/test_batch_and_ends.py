@@ -13,7 +13,7 @@ from service.reasons import ReasonCode
 from service.settings import Settings
 from workers.outcome import RunnerReport, StopReason
 from workers.slurm import batch, ends
-from workers.slurm.cluster import SlurmJob
+from workers.slurm.cluster import SlurmJob, seconds
 
 
 def _job(**fields: object) -> Job:
@@ -67,6 +67,16 @@ def test_a_cpu_partition_asks_for_cpus_and_one_node_runs_as_on_a_box(tmp_path: P
     assert "--rendezvous" not in text and "--accelerator cpu" in text
 
 
+def test_squeues_time_used_in_seconds() -> None:
+    assert [seconds(t) for t in ("0:07", "5:03", "1:02:03", "2-01:02:03")] == [
+        7,
+        303,
+        3723,
+        2 * 86400 + 3723,
+    ]
+    assert seconds("INVALID") == seconds("") == 0
+
+
 def test_a_comment_names_its_attempt_and_nothing_else_parses() -> None:
     said = batch.comment("box a/b", 12, 3).replace(" ", "_")
     assert batch.parse_comment(said) == ("box_a/b", 12, 3)
@@ -75,7 +85,7 @@ def test_a_comment_names_its_attempt_and_nothing_else_parses() -> None:
 
 
 def _seen(state: str) -> SlurmJob:
-    return SlurmJob("41", state, "None", "n1", "")
+    return SlurmJob("41", state, "None", "n1", 12.0, "")
 
 
 @pytest.mark.parametrize(
@@ -94,6 +104,19 @@ def test_slurms_ends_without_a_report(state: str, status: JobStatus, code: Reaso
     assert (got.status, got.reason_code) == (status, code), got
     assert "Slurm job 41" in got.reason_message
     assert got.retryable == (status == JobStatus.failed and code != ReasonCode.timeout)
+
+
+def test_a_partitions_time_limit_resumes_a_checkpointed_run_in_the_next_allocation() -> None:
+    """No timeout_s of its own: the partition's limit ended it, after it checkpointed at
+    Slurm's SIGTERM; it goes on, no attempt spent. With a timeout_s it is a timeout."""
+    stopped = RunnerReport(ok=False, preempted="epoch 3, batch 17")
+    got = ends.outcome("41", _seen("TIMEOUT"), [stopped], None, exit_code=None,
+                       timeout_s=None, stall_timeout_s=300, worker_id="w")  # fmt: skip
+    assert (got.status, got.reason_code) == (JobStatus.queued, ReasonCode.preempted), got
+    assert "partition's time limit" in got.reason_message and "epoch 3" in got.reason_message
+    got = ends.outcome("41", _seen("TIMEOUT"), [stopped], None, exit_code=None,
+                       timeout_s=600, stall_timeout_s=300, worker_id="w")  # fmt: skip
+    assert (got.status, got.reason_code) == (JobStatus.failed, ReasonCode.timeout), got
 
 
 def test_the_report_decides_where_slurm_says_the_job_ran() -> None:
