@@ -32,7 +32,7 @@ typecheck: install
 # serially, 8 in two, on 2 cores); TEST_PROCS=0 runs serially.
 TEST_PROCS ?= 2
 pytest: install
-	$(BIN)/pytest -n $(TEST_PROCS) --dist loadfile
+	$(BIN)/pytest -n $(TEST_PROCS) --dist loadfile --durations=20
 
 test: lint typecheck pytest
 

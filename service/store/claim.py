@@ -47,17 +47,20 @@ class Claim(NamedTuple):
 # parameters, which skips SQLAlchemy's statement construction.
 
 
-# How many accelerators and recipes a worker offers: each such shape has its statements
-# built once, with a parameter per item. (Expanding IN parameters, rewritten into the SQL
-# at every execution, took a sixth of a claim's time in Python.)
-Shape = tuple[int, int]
+# How many accelerators and recipes a worker offers, and whether it takes jobs across
+# nodes (a Slurm worker): each such shape has its statements built once, with a parameter
+# per item. (Expanding IN parameters, rewritten into the SQL at every execution, took a
+# sixth of a claim's time in Python.)
+Shape = tuple[int, int, bool]
 
 
-def _shape_params(accelerators: list[str], recipes: list[str]) -> tuple[Shape, dict[str, str]]:
+def _shape_params(
+    accelerators: list[str], recipes: list[str], *, across: bool = False
+) -> tuple[Shape, dict[str, str]]:
     """The shape of a worker's offer, and its items as the statements' parameters."""
     params = {f"accelerator_{i}": a for i, a in enumerate(accelerators)}
     params.update({f"recipe_{i}": r for i, r in enumerate(recipes)})
-    return (len(accelerators), len(recipes)), params
+    return (len(accelerators), len(recipes), across), params
 
 
 def _claimable(
@@ -73,8 +76,14 @@ def _claimable(
         # A box's worker takes one-node jobs (a job across boxes starts when its gang is
         # whole: gang.py); a Slurm worker takes jobs across up to its cluster's nodes,
         # but not one whose gang boxes' workers have begun to form (sharing one queue).
-        job.c.nodes <= bindparam("max_nodes"),
-        or_(job.c.nodes == 1, ~exists().where(_node.c.job_id == job.c.id)),
+        *(
+            [
+                job.c.nodes <= bindparam("max_nodes"),
+                or_(job.c.nodes == 1, ~exists().where(_node.c.job_id == job.c.id)),
+            ]
+            if shape[2]
+            else [job.c.nodes == 1]
+        ),
         # Whole devices, or a share of one GPU (gpu_memory_gb): never both, so a shared
         # GPU is never handed out whole, nor a whole one shared (the worker's room is 0
         # on a box without GPUs).
@@ -339,7 +348,7 @@ def claim_job(
         "max_running": max_running_devices,
         "max_nodes": max_nodes,
     }
-    shape, offer = _shape_params(served_accelerators(accelerator), recipes)
+    shape, offer = _shape_params(served_accelerators(accelerator), recipes, across=max_nodes > 1)
     params.update(offer)
     if peek:
         with engine.connect() as conn:
@@ -377,7 +386,7 @@ def pending_count(
         "gpu_total": gpu_total_gb,
         "max_nodes": max_nodes,
     }
-    shape, offer = _shape_params(served_accelerators(accelerator), recipes)
+    shape, offer = _shape_params(served_accelerators(accelerator), recipes, across=max_nodes > 1)
     with read_session(engine) as session:
         return int(session.execute(_pending(shape), {**params, **offer}).scalar_one())
 

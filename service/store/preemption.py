@@ -82,7 +82,6 @@ def contenders(
         "waited_since": now - timedelta(seconds=waited_s),
         "running": running,
         "cooled": now - timedelta(seconds=cooldown_s),
-        "max_nodes": 1,  # a box preempts for one-box jobs only
     }
     with read_session(engine) as session:
         found = [Contender(*row) for row in session.execute(waiting, params)]

@@ -46,7 +46,7 @@ def test_the_claim_comes_only_from_the_status_the_state_machine_allows() -> None
     """The claim spells where it may come from as the partial indexes' literal rather
     than reading ALLOWED_FROM: the two must say the same."""
     assert transitions.ALLOWED_FROM[JobStatus.running] == {JobStatus.queued}
-    assert " AND job.status = 'queued' RETURNING " in str(claim_module._take_one((2, 1)))
+    assert " AND job.status = 'queued' RETURNING " in str(claim_module._take_one((2, 1, False)))
 
 
 def test_claim_order_priority_then_oldest_and_fit(engine: Engine) -> None:

@@ -165,7 +165,7 @@ def _lease_watch(attempt: Attempt) -> list[str]:
         "# Stop if the worker that holds this attempt's lease has gone silent.",
         f"alive={shlex.quote(str(attempt.alive))}",
         "(set +e; stale=0",
-        " while sleep 5; do",
+        " while sleep 2; do",
         '    last=$(head -c 20 "$alive" 2>/dev/null) || continue',
         '    case "$last" in ""|*[!0-9]*) continue ;; esac',
         f"    if [ $(( $(date +%s) - last )) -gt {allowed} ]; then",

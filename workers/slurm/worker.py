@@ -33,19 +33,16 @@ from service.models import Accelerator, Job, JobStatus, Worker, utcnow
 from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence
-from workers.errors import describe
-from workers.handoff import Handoff, JobSettings
 from workers.jobfiles import JobFiles, write_atomic
 from workers.outcome import RunnerReport, StopReason
 from workers.points_file import PointsReader
 from workers.recipes import Recipe, find_recipes
-from workers.slurm import batch, ends
+from workers.slurm import batch, ends, submit
 from workers.slurm.attempt import Submitted
 from workers.slurm.cluster import Cluster, SlurmError, SlurmJob
 from workers.slurm.leases import LeaseKeeper
 from workers.slurm.logs import LogTail
-from workers.supervisor import inputs, nofollow
-from workers.supervisor.launch import clear_attempt, runner_env
+from workers.supervisor import nofollow
 from workers.supervisor.reporter import DbReporter
 
 log = logging.getLogger(__name__)
@@ -433,7 +430,15 @@ class SlurmWorker:
         job = store.load_job(self.engine, claim.fence.job_id)
         attempt = self._watch(job, claim.fence)  # the lease keeper renews it from now
         try:
-            attempt.slurm_id = self._submit(attempt)
+            script = submit.write_attempt(
+                self.settings,
+                attempt,
+                worker_id=self.worker_id,
+                alive=self.keeper.alive_file,
+                python=self.python,
+                accelerator=self.accelerator,
+            )
+            attempt.slurm_id = self.cluster.submit(script, submit.job_env())
         except Exception as exc:  # refused, or the controller is down: retried later
             log.warning("job %s: sbatch failed: %s", job.id, exc)
             self._note(attempt, f"sbatch failed: {exc}")
@@ -501,56 +506,6 @@ class SlurmWorker:
                     job_folder=files.root,
                 ).start()
             )
-
-    def _submit(self, attempt: Submitted) -> str:
-        """Place the job's inputs, write its hand-off and batch script, and sbatch it."""
-        job, fence = attempt.job, attempt.fence
-        handoff = Handoff(
-            job=job.model_dump(mode="json", exclude={"lease_token"}),
-            # a job across nodes checkpoints in its own folder: DATA_DIR is shared
-            settings=JobSettings.of(self.settings).model_copy(
-                update={"shared_dir": self.settings.data_dir.resolve()}
-            ),
-        )
-        # What an earlier run of this attempt number left (a preempted attempt keeps its
-        # number) must not speak for this one: its report, points, output, markers.
-        main = JobFiles.of(self.settings.data_dir, fence.job_id)
-        for files in {main.runner: main, **{f.runner: f for f in attempt.files}}.values():
-            (files.root / files.runner).mkdir(parents=True, exist_ok=True)
-            clear_attempt(files, fence.attempt)
-        for files in attempt.files:
-            try:
-                handoff.package, _ = inputs.place(self.settings, job, files)
-            except Exception as exc:  # the runner reports it as the attempt's failure
-                handoff.inputs_error = describe(exc)
-        runner = main.root / main.runner
-        path = runner / f"attempt-{fence.attempt}-handoff.json"
-        write_atomic(path, handoff.model_dump_json())
-        spec = batch.Attempt(
-            job=job,
-            attempt=fence.attempt,
-            worker_id=self.worker_id,
-            handoff=path,
-            output=attempt.logs[0].path,
-            error=attempt.logs[1].path,
-            alive=self.keeper.alive_file,
-            lease_s=self.settings.lease_s,
-        )
-        processes = job.devices if job.strategy == "ddp" else 1
-        threads = 1 if self.accelerator == Accelerator.cuda else max(1, job.devices // processes)
-        script = runner / f"attempt-{fence.attempt}-slurm.sh"
-        write_atomic(script, batch.script(job, self.settings, spec, python=self.python,
-                                          threads=threads))  # fmt: skip
-        return self.cluster.submit(script, self._job_env())
-
-    def _job_env(self) -> dict[str, str]:
-        """What a batch job starts from (sbatch hands it its own environment): the
-        allow-list a box's runner gets, and Slurm's own client settings. Never this
-        process's environment, which holds the database URL and the API token."""
-        env = runner_env()
-        env.update({k: v for k, v in os.environ.items() if k.startswith("SLURM_")})
-        env["PATH"] = os.environ.get("PATH", os.defpath)
-        return env
 
     def _finish(self, attempt: Submitted, seen: SlurmJob | None) -> bool:
         """Record how an attempt ended, once Slurm says its job ended (or forgot it)."""
