@@ -33,6 +33,7 @@ from service.models import Accelerator, Job, JobStatus, Worker, utcnow
 from service.reasons import ReasonCode
 from service.settings import Settings
 from service.store import Fence
+from service.wakeup import JobListener, can_listen
 from workers.jobfiles import JobFiles, write_atomic
 from workers.outcome import RunnerReport, StopReason
 from workers.points_file import PointsReader
@@ -54,6 +55,12 @@ MAX_REPORT_BYTES = 2**20
 # A job squeue does not list this many polls in a row has ended (one miss may be a
 # controller's hiccup).
 MISSING_POLLS = 2
+# Claim latency while it may take a job: a box's worker's (an idle poll is one indexed
+# read); with LISTEN/NOTIFY, only a fallback.
+POLL_INTERVAL_S = 0.05
+NOTIFIED_FALLBACK_POLL_S = 1.0
+# How often its jobs' output files are read into their logs.
+LOGS_EVERY_S = 0.5
 # A worker id goes into the batch job's comment and the alive file's name.
 WORKER_ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
@@ -78,6 +85,7 @@ class SlurmWorker:
         # when this worker last renewed its leases, for its batch jobs to read
         alive = settings.data_dir.resolve() / "slurm-workers" / f"{self.worker_id}.alive"
         self._wake = threading.Event()
+        self._renewed = threading.Event()
         self.keeper = LeaseKeeper(
             self.engine,
             self.worker_id,
@@ -85,7 +93,11 @@ class SlurmWorker:
             lease_s=settings.lease_s,
             interval_s=settings.heartbeat_interval_s,
             alive_file=alive,
-            on_renewed=self._wake.set,
+            on_renewed=self._on_renewed,
+        )
+        # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
+        self.listener = (
+            JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
         )
         self._stopping = False
         self._orphans: set[str] = set()  # Slurm jobs of ours no attempt owns, cancelled
@@ -97,7 +109,9 @@ class SlurmWorker:
         """Work until stopped; the jobs in Slurm run on."""
         self._open()
         self.keeper.start()
-        next_poll = next_charge = 0.0
+        if self.listener is not None:
+            self.listener.start()
+        next_poll = next_charge = next_logs = 0.0
         try:
             while not self._stopping:
                 now = time.monotonic()
@@ -107,16 +121,37 @@ class SlurmWorker:
                 if now >= next_charge:
                     next_charge = now + self.settings.heartbeat_interval_s
                     self._guarded(self._charge)
-                self._guarded(self._act)
-                self._guarded(self._flush_logs)
-                claimed = self._guarded(self._claim)
-                if not claimed:
-                    wait = min(next_poll, next_charge) - time.monotonic()
-                    self._wake.wait(max(0.05, min(wait, 0.5)))
+                if now >= next_logs:
+                    next_logs = now + LOGS_EVERY_S
+                    self._guarded(self._flush_logs)
+                if self._renewed.is_set():  # what the renewal says: cancel, stall
+                    self._renewed.clear()
+                    self._guarded(self._act)
+                if not self._guarded(self._claim):
+                    wake_at = min(next_poll, next_charge, next_logs, now + self._claim_wait())
+                    self._wake.wait(max(0.0, wake_at - time.monotonic()))
                     self._wake.clear()
         finally:
+            if self.listener is not None:
+                self.listener.stop()
             self.keeper.stop()
             self._close()
+
+    def _on_renewed(self) -> None:
+        """From the lease keeper's thread: its renewal is in ``Submitted.held``."""
+        self._renewed.set()
+        self._wake.set()
+
+    def _claim_wait(self) -> float:
+        """How soon to look for a job again: as a box's worker does (every 50 ms, or woken
+        by a submit's NOTIFY on PostgreSQL), unless SLURM_MAX_PENDING of its jobs wait in
+        Slurm already."""
+        if self._pending() >= self.settings.slurm_max_pending:
+            return LOGS_EVERY_S
+        return NOTIFIED_FALLBACK_POLL_S if self.listener is not None else POLL_INTERVAL_S
+
+    def _pending(self) -> int:
+        return sum(1 for a in self.attempts.values() if a.running_since is None)
 
     def stop(self) -> None:
         """Stop claiming and watching; jobs in Slurm run on, adopted at the next start."""
@@ -410,8 +445,7 @@ class SlurmWorker:
         """Claim a job and submit it, while fewer than SLURM_MAX_PENDING wait in Slurm."""
         if self._stopping:
             return False
-        waiting = sum(1 for a in self.attempts.values() if a.running_since is None)
-        if waiting >= self.settings.slurm_max_pending:
+        if self._pending() >= self.settings.slurm_max_pending:
             return False
         claim = store.claim_job(
             self.engine,
