@@ -26,6 +26,7 @@ from service.store.claim import (
     record_executor,
     record_start,
     renew_lease,
+    renew_leases_at_once,
 )
 from service.store.queries import (
     Standing,
@@ -80,6 +81,7 @@ __all__ = [
     "record_start",
     "release_attempt",
     "renew_lease",
+    "renew_leases_at_once",
     "report",
     "spec_of",
     "usage_by_user",
