@@ -68,7 +68,9 @@ def _details(job: dict[str, Any]) -> list[tuple[str, str]]:
     if nodes:
         rows.append(("nodes", nodes.removeprefix("nodes: ")))
     elif job.get("worker_id"):
-        rows.append(("worker", f"{job['worker_id']} devices {job.get('assigned_devices')}"))
+        devices = job.get("assigned_devices")  # none on a Slurm worker: Slurm places it
+        held = "" if devices is None else f" devices {devices}"
+        rows.append(("worker", f"{job['worker_id']}{held}"))
     if job.get("progress"):
         rows.append(("progress", _progress(job["progress"])))
     if job.get("result"):

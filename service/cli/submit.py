@@ -71,7 +71,8 @@ def submit(
         int | None,
         typer.Option(
             help="Boxes the job spans, each with --devices: one DDP world (strategy ddp) "
-            "across workers sharing a PostgreSQL database. Default 1.",
+            "across workers sharing a PostgreSQL database, or across a Slurm worker's "
+            "nodes. Default 1.",
             show_default=False,
         ),
     ] = None,

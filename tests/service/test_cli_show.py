@@ -42,3 +42,15 @@ def test_a_row_shows_a_reason_s_first_line_and_the_job_s_page_all_of_it(
     assert row.rstrip().endswith("(the job's own error; retries_on_error is 0)"), row
     print_job(FAILED)
     assert "SyntaxError: expected ':'" in capsys.readouterr().out
+
+
+def test_a_job_s_page_names_its_devices_only_where_a_worker_holds_some(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A box's worker holds devices; Slurm places a Slurm worker's jobs itself."""
+    on_a_box = {**FAILED, "status": "running", "worker_id": "box0", "assigned_devices": [0, 1]}
+    print_job(on_a_box)
+    assert "worker     box0 devices [0, 1]" in capsys.readouterr().out
+    print_job({**on_a_box, "worker_id": "slurm", "assigned_devices": None})
+    page = capsys.readouterr().out
+    assert "worker     slurm\n" in page and "None" not in page, page
