@@ -12,7 +12,6 @@ from service.models import Job
 from service.store import Fence, Held
 from workers.jobfiles import JobFiles
 from workers.outcome import StopReason
-from workers.slurm.cluster import SlurmJob
 from workers.slurm.logs import LogTail
 from workers.supervisor.reporter import DbReporter
 
@@ -32,7 +31,6 @@ class Submitted:
     files: list[JobFiles]  # one per node (a single one for a job on one node)
     logs: list[LogTail]  # its output files: stdout's (with the worker's notes), stderr's
     slurm_id: str | None = None  # None until sbatch answered
-    seen: SlurmJob | None = None  # what squeue said last
     missing: int = 0  # polls in a row whose squeue did not list it
     running_since: float | None = None  # monotonic: when Slurm started it (less its pauses)
     charged_until: float | None = None  # monotonic; None while Slurm does not run it

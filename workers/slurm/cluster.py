@@ -124,15 +124,11 @@ class Cluster:
                 return word.partition("=")[2]
         return None
 
-    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
-        """scancel the job (its steps get SIGTERM, then SIGKILL after KillWait); with
-        ``signal``, only send that to its processes. A job Slurm no longer knows is
-        not an error: it is gone."""
-        argv = ["scancel", job_id]
-        if signal is not None:
-            argv[1:1] = ["--full", f"--signal={signal}"]
+    def cancel(self, job_id: str) -> None:
+        """scancel the job: its steps get SIGTERM, then SIGKILL after KillWait; a pending
+        one is removed. A job Slurm no longer knows is not an error: it is gone."""
         try:
-            self._run(*argv)
+            self._run("scancel", job_id)
         except SlurmError as exc:
             if "Invalid job id" not in str(exc):
                 raise

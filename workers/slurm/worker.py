@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import TypeVar
 
 from service import catalog, store
@@ -35,23 +34,19 @@ from service.settings import Settings
 from service.store import Fence
 from service.wakeup import JobListener, can_listen
 from workers.jobfiles import JobFiles, write_atomic
-from workers.outcome import RunnerReport, StopReason
-from workers.points_file import PointsReader
+from workers.outcome import StopReason
 from workers.recipes import Recipe, find_recipes
 from workers.slurm import batch, ends, submit
 from workers.slurm.attempt import Submitted
 from workers.slurm.cluster import Cluster, SlurmError, SlurmJob
 from workers.slurm.leases import LeaseKeeper
 from workers.slurm.logs import LogTail
-from workers.supervisor import nofollow
-from workers.supervisor.reporter import DbReporter
+from workers.supervisor.reporter import DbReporter, runner_report
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# A runner's report is a few KiB; past this it is not one (as on a box).
-MAX_REPORT_BYTES = 2**20
 # A job squeue does not list this many polls in a row has ended (one miss may be a
 # controller's hiccup).
 MISSING_POLLS = 2
@@ -261,7 +256,6 @@ class SlurmWorker:
             attempt = self._watch(job, Fence(job.id, job.attempt, job.lease_token))
             seen = by_attempt.get((job.id, job.attempt))
             attempt.slurm_id = seen.id if seen is not None else job.executor_id
-            attempt.seen = seen
             for tail in attempt.logs:  # on from what the last run stored: no line twice
                 tail.resume()
             if seen is not None and seen.running:  # its timeout counts Slurm's time
@@ -363,7 +357,6 @@ class SlurmWorker:
                 self.cluster.cancel(attempt.slurm_id)
             return self._finish(attempt, None)
         attempt.missing = 0
-        attempt.seen = seen
         if seen.ended:
             return self._finish(attempt, seen)
         if seen.waiting:
@@ -523,21 +516,16 @@ class SlurmWorker:
         nothing), or at its end (it may have run between two polls)."""
         if attempt.reporters or attempt.lost:
             return
-        fence = attempt.fence
         for files in attempt.files:
-            points = files.points(fence.attempt)
             attempt.reporters.append(
-                DbReporter(
+                DbReporter.of_attempt(
                     self.engine,
-                    fence,
+                    attempt.fence,
+                    files,
                     # from the reporter's thread: marks it lost and cancels its Slurm job;
                     # the loop closes the reporters
                     on_lease_lost=partial(attempt.lose, "the store refused its points"),
-                    flushed_marker=files.flushed_marker,
                     lease_s=self.settings.lease_s,
-                    source=PointsReader(points, partial(_read_below, files.root, points)),
-                    environment=files.environment(fence.attempt),
-                    job_folder=files.root,
                 ).start()
             )
 
@@ -550,7 +538,7 @@ class SlurmWorker:
         self._report_points(attempt)  # what it wrote, had it run between two polls
         attempt.close_reporters()  # its last points stored before its end is
         self._charge()
-        reports = [r for r in (_report(f, attempt.fence.attempt) for f in attempt.files) if r]
+        reports = [r for r in (runner_report(f, attempt.fence.attempt) for f in attempt.files) if r]
         exit_code = None
         if seen is not None and not reports:
             exit_code = self.cluster.exit_code(seen.id)
@@ -604,16 +592,3 @@ class SlurmWorker:
             raise
         for tail in attempt.logs:
             tail.stored()
-
-
-def _read_below(root: Path, path: Path, offset: int, limit: int) -> bytes | None:
-    return nofollow.read(root, path, limit, offset)
-
-
-def _report(files: JobFiles, attempt: int) -> RunnerReport | None:
-    """A node's runner report, read never through a link (as on a box)."""
-    try:
-        data = nofollow.read(files.root, files.outcome(attempt), MAX_REPORT_BYTES)
-    except OSError:
-        return None
-    return None if data is None else RunnerReport.parse(data)

@@ -21,7 +21,6 @@ import signal
 import threading
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from service import catalog, jobspec, store
@@ -30,10 +29,9 @@ from service.models import Accelerator, JobStatus, Worker, utcnow
 from service.settings import Settings
 from service.wakeup import JobListener, can_listen
 from workers.jobfiles import JobFiles
-from workers.outcome import RunnerReport, StopReason, decide
-from workers.points_file import PointsReader
+from workers.outcome import StopReason, decide
 from workers.recipes import Recipe, SkippedSource, find_recipes
-from workers.supervisor import gpu_share, nofollow
+from workers.supervisor import gpu_share
 from workers.supervisor.attempt import Attempt
 from workers.supervisor.cache_budget import CacheBudget
 from workers.supervisor.devices import Box
@@ -42,7 +40,7 @@ from workers.supervisor.launch import Launcher
 from workers.supervisor.lease import Leases
 from workers.supervisor.outage import DatabaseWatch
 from workers.supervisor.preemptor import Preemptor
-from workers.supervisor.reporter import DbReporter
+from workers.supervisor.reporter import DbReporter, runner_report
 from workers.supervisor.walls import Walls
 
 log = logging.getLogger(__name__)
@@ -56,8 +54,6 @@ POLL_INTERVAL_S = 0.05
 BUSY_WAIT_S = 0.5
 # With LISTEN/NOTIFY (PostgreSQL) an idle worker polls only this often, as a fallback.
 NOTIFIED_FALLBACK_POLL_S = 1.0
-# A runner's report is a few KiB (an error's traceback tail); past this it is not one.
-MAX_REPORT_BYTES = 2**20
 # Lease, heartbeat, kill grace, stall and reservation times are operator settings
 # (service/settings.py); the keyword arguments below override them in tests.
 
@@ -408,19 +404,13 @@ class Supervisor:
         )
         # Rank 0's points and the runner's environment record reach the database
         # through this process: a runner holds no credential.
-        attempt.reporter = DbReporter(
+        attempt.reporter = DbReporter.of_attempt(
             self.engine,
             claim.fence,
+            files,
             on_lease_lost=partial(attempt.lose_lease, "the store refused its points"),
-            flushed_marker=files.flushed_marker,
             lease_s=self.settings.lease_s,
-            source=PointsReader(
-                files.points(claim.fence.attempt),
-                partial(_read_below, files.root, files.points(claim.fence.attempt)),
-            ),
-            environment=files.environment(claim.fence.attempt),
             marker_owner=None if account is None else (account.uid, account.gid),
-            job_folder=files.root,
         ).start()
         self.attempts[claim.fence.job_id] = attempt
         return attempt
@@ -492,7 +482,7 @@ class Supervisor:
             return True  # the job is another worker's now; we may not write about it
         fence = attempt.fence
         files = JobFiles.of(self.settings.data_dir, fence.job_id, attempt.node)
-        report = _report(files, fence.attempt)
+        report = runner_report(files, fence.attempt)
         outcome = decide(
             stop,
             report,
@@ -562,18 +552,3 @@ class Supervisor:
             attempt.close_reporter()
         self.engine.dispose()
         self.launcher.close()
-
-
-def _read_below(root: Path, path: Path, offset: int, limit: int) -> bytes | None:
-    return nofollow.read(root, path, limit, offset)
-
-
-def _report(files: JobFiles, attempt: int) -> RunnerReport | None:
-    """How the runner says the attempt ended: its file in the job's folder, read never
-    through a link (the job's account may have put one there)."""
-    try:
-        data = nofollow.read(files.root, files.outcome(attempt), MAX_REPORT_BYTES)
-    except OSError as exc:
-        log.warning("job folder %s: attempt %d's report not read: %s", files.root, attempt, exc)
-        return None
-    return None if data is None else RunnerReport.parse(data)

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -20,6 +21,8 @@ from service import store
 from service.db import unavailable
 from service.points import MetricPoint, ProgressPoint
 from service.store import Fence
+from workers.jobfiles import JobFiles
+from workers.outcome import RunnerReport
 from workers.points_file import Batcher, PointsReader
 from workers.supervisor import nofollow
 
@@ -30,6 +33,8 @@ FLUSH_INTERVAL_S = 0.5
 # Closing, the reporter reads what is left of the points file for at most this long (a
 # process of the job that escaped and keeps appending must not hold the attempt's end).
 CLOSE_LIMIT_S = 10.0
+# A runner's report is a few KiB (an error's traceback tail); past this it is not one.
+MAX_REPORT_BYTES = 2**20
 # An environment record is a few KiB (packages, devices); past this it is not one.
 MAX_ENVIRONMENT_BYTES = 2**20
 
@@ -71,6 +76,32 @@ class DbReporter(Batcher):
         self.flushed_marker = flushed_marker
         self.marker_owner = marker_owner  # (uid, gid) of the job's account, which reads it
         self._last_stored = time.monotonic()
+
+    @classmethod
+    def of_attempt(
+        cls,
+        engine: Engine,
+        fence: Fence,
+        files: JobFiles,
+        *,
+        on_lease_lost: Callable[[], object],
+        lease_s: float,
+        marker_owner: tuple[int, int] | None = None,
+    ) -> DbReporter:
+        """The reporter of one attempt's (or one node's) folder: rank 0's points file and
+        the runner's environment record, read never through a link. Not started."""
+        points = files.points(fence.attempt)
+        return cls(
+            engine,
+            fence,
+            on_lease_lost=on_lease_lost,
+            flushed_marker=files.flushed_marker,
+            lease_s=lease_s,
+            source=PointsReader(points, partial(_read_below, files.root, points)),
+            environment=files.environment(fence.attempt),
+            marker_owner=marker_owner,
+            job_folder=files.root,
+        )
 
     def _loop(self) -> None:
         progress: ProgressPoint | None = None
@@ -184,3 +215,18 @@ class DbReporter(Batcher):
         log.warning("job %s: lease lost; progress no longer recorded", self.fence.job_id)
         if self.on_lease_lost is not None:
             self.on_lease_lost()
+
+
+def runner_report(files: JobFiles, attempt: int) -> RunnerReport | None:
+    """How the runner says the attempt ended: its file in the job's (or node's) folder,
+    read never through a link (the job's account may have put one there)."""
+    try:
+        data = nofollow.read(files.root, files.outcome(attempt), MAX_REPORT_BYTES)
+    except OSError as exc:
+        log.warning("job folder %s: attempt %d's report not read: %s", files.root, attempt, exc)
+        return None
+    return None if data is None else RunnerReport.parse(data)
+
+
+def _read_below(root: Path, path: Path, offset: int, limit: int) -> bytes | None:
+    return nofollow.read(root, path, limit, offset)
