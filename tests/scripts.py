@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from service.cli.pack import pack
+from trainyard.packing import pack
 from tests.stack import REPO
 
 EXAMPLES = REPO / "examples"

@@ -15,7 +15,7 @@ import yaml
 from rich.console import Console
 
 from service.cli.blobs import upload
-from service.cli.pack import Packed, PackError, pack
+from trainyard.packing import Packed, PackError, pack
 from service.settings import Settings
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")

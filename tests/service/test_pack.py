@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli.pack import PackError, pack
+from trainyard.packing import PackError, pack
 from service.packages import check_package
 
 

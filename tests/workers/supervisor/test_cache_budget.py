@@ -24,7 +24,7 @@ from sqlmodel import Session
 from service import blob_rows, store
 from service.blobs import BlobStore
 from service.catalog import list_workers
-from service.cli.pack import pack
+from trainyard.packing import pack
 from service.db import make_engine, write_session
 from service.migrate import upgrade
 from service.models import JobCreate, WorkerRead

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from service.app import create_app
-from service.cli.pack import pack
+from trainyard.packing import pack
 from service.jobspec import CUDA_CONTEXT_GB
 from service.models import Accelerator, Strategy
 from service.settings import Settings

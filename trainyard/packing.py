@@ -11,6 +11,7 @@ elsewhere on the machine).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import zipfile
@@ -22,6 +23,7 @@ import pathspec
 IGNORE_FILES = (".gitignore", ".trainyardignore")
 ALWAYS_LEFT_OUT = (".git/", "__pycache__/", "*.pyc", ".venv/", "venv/", ".mypy_cache/")
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can hold
+CHUNK_BYTES = 2**20
 
 
 class PackError(Exception):
@@ -48,7 +50,7 @@ def pack(directory: Path, dest: Path) -> Packed:
             info.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             with open(path, "rb") as source, zf.open(info, "w") as out:
-                while chunk := source.read(2**20):
+                while chunk := source.read(CHUNK_BYTES):
                     out.write(chunk)
     return Packed(dest, [(name, os.stat(path).st_size) for name, path in files])
 
@@ -99,3 +101,12 @@ def _check_link(root: Path, path: Path, name: str) -> None:
         raise PackError(f"{name} is a symbolic link out of the directory (to {target})")
     if not target.exists():
         raise PackError(f"{name} is a broken symbolic link")
+
+
+def digest_of(path: Path) -> str:
+    """``sha256:<hex>`` of a file, read in chunks: the name the server stores it under."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            hasher.update(chunk)
+    return f"sha256:{hasher.hexdigest()}"

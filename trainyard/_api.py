@@ -1,0 +1,281 @@
+"""The API's operations as requests and how to read their answers, written once for the
+sync and the async client (each only sends them: ``Client._send``, ``AsyncClient._send``).
+Paths are relative to ``/api/v1``."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, TypeAdapter
+
+from trainyard import models as m
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    read: Callable[[Any], T]  # the answer's JSON (None for an empty body) -> the result
+    params: dict[str, Any] | None = None
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    # Safe to send again after a 503: a read, an idempotent write, or a submit carrying an
+    # Idempotency-Key (the server answers a repeat with the job it made the first time).
+    retry: bool = True
+
+
+def one(model: type[M]) -> Callable[[Any], M]:
+    return model.model_validate
+
+
+def many(model: type[M]) -> Callable[[Any], list[M]]:
+    adapter = TypeAdapter(list[model])  # type: ignore[valid-type]
+    return adapter.validate_python
+
+
+def nothing(_: Any) -> None:
+    return None
+
+
+def query(**params: Any) -> dict[str, Any]:
+    """Query parameters, those given as None left out."""
+    return {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
+
+
+# --- jobs ----------------------------------------------------------------------------
+
+
+def submit(spec: Mapping[str, Any], idempotency_key: str | None = None) -> Call[m.JobRead]:
+    key = idempotency_key or uuid.uuid4().hex
+    return Call("POST", "/jobs", one(m.JobRead), json=dict(spec), headers={"Idempotency-Key": key})
+
+
+def job(job_id: int) -> Call[m.JobRead]:
+    return Call("GET", f"/jobs/{job_id}", one(m.JobRead))
+
+
+def jobs(
+    *, status: str | None, owner: str | None, sweep: int | None, limit: int, offset: int
+) -> Call[m.JobList]:
+    params = query(status=status, owner=owner, sweep=sweep, limit=limit, offset=offset)
+    return Call("GET", "/jobs", one(m.JobList), params=params)
+
+
+def cancel(job_id: int) -> Call[m.JobRead]:
+    return Call("POST", f"/jobs/{job_id}/cancel", one(m.JobRead))  # idempotent
+
+
+def rerun(job_id: int) -> Call[m.JobRead]:
+    # No Idempotency-Key on a rerun: a second one after a 503 could make two jobs.
+    return Call("POST", f"/jobs/{job_id}/rerun", one(m.JobRead), retry=False)
+
+
+def metrics(
+    job_id: int, *, name: str | None, after_step: int, limit: int
+) -> Call[list[m.MetricRead]]:
+    params = query(name=name, after_step=after_step, limit=limit)
+    return Call("GET", f"/jobs/{job_id}/metrics", many(m.MetricRead), params=params)
+
+
+def logs(job_id: int, *, after_seq: int, limit: int) -> Call[list[m.LogLineRead]]:
+    params = query(after_seq=after_seq, limit=limit)
+    return Call("GET", f"/jobs/{job_id}/logs", many(m.LogLineRead), params=params)
+
+
+def artifacts(job_id: int) -> Call[list[m.ArtifactRead]]:
+    return Call("GET", f"/jobs/{job_id}/artifacts", many(m.ArtifactRead))
+
+
+def artifact_path(job_id: int, name: str) -> str:
+    return f"/jobs/{job_id}/artifacts/{name}"
+
+
+def events_path(job_id: int) -> str:
+    return f"/jobs/{job_id}/events"
+
+
+# --- sweeps --------------------------------------------------------------------------
+
+
+def submit_sweep(spec: Mapping[str, Any]) -> Call[m.SweepRead]:
+    # No Idempotency-Key on sweeps: a second one after a 503 could make two sweeps.
+    return Call("POST", "/sweeps", one(m.SweepRead), json=dict(spec), retry=False)
+
+
+def sweep(sweep_id: int) -> Call[m.SweepRead]:
+    return Call("GET", f"/sweeps/{sweep_id}", one(m.SweepRead))
+
+
+def sweeps(*, status: str | None, owner: str | None, limit: int, offset: int) -> Call[m.SweepList]:
+    params = query(status=status, owner=owner, limit=limit, offset=offset)
+    return Call("GET", "/sweeps", one(m.SweepList), params=params)
+
+
+def cancel_sweep(sweep_id: int) -> Call[m.SweepRead]:
+    return Call("POST", f"/sweeps/{sweep_id}/cancel", one(m.SweepRead))
+
+
+# --- blobs, recipes, workers ---------------------------------------------------------
+
+
+def blob_path(digest: str) -> str:
+    return f"/blobs/{digest}"
+
+
+def blobs(*, limit: int, offset: int) -> Call[m.BlobList]:
+    return Call("GET", "/blobs", one(m.BlobList), params=query(limit=limit, offset=offset))
+
+
+def delete_blob(digest: str) -> Call[None]:
+    return Call("DELETE", blob_path(digest), nothing)
+
+
+def recipes() -> Call[list[m.RecipeRead]]:
+    return Call("GET", "/recipes", many(m.RecipeRead))
+
+
+def workers() -> Call[list[m.WorkerRead]]:
+    return Call("GET", "/workers", many(m.WorkerRead))
+
+
+# --- users, tokens, usage, audit -----------------------------------------------------
+
+
+def me() -> Call[m.Me]:
+    return Call("GET", "/me", one(m.Me))
+
+
+def users() -> Call[list[m.UserRead]]:
+    return Call("GET", "/users", many(m.UserRead))
+
+
+def add_user(name: str, admin: bool) -> Call[m.UserRead]:
+    return Call("POST", "/users", one(m.UserRead), json={"name": name, "admin": admin})
+
+
+def set_quotas(name: str, change: Mapping[str, int | None]) -> Call[m.UserRead]:
+    return Call("PATCH", f"/users/{name}/quotas", one(m.UserRead), json=dict(change))
+
+
+def create_token(user: str, expires_in_days: int | None) -> Call[m.TokenCreated]:
+    body = {"expires_in_days": expires_in_days}
+    return Call("POST", f"/users/{user}/tokens", one(m.TokenCreated), json=body, retry=False)
+
+
+def tokens(user: str) -> Call[list[m.TokenRead]]:
+    return Call("GET", f"/users/{user}/tokens", many(m.TokenRead))
+
+
+def revoke_token(token_id: int) -> Call[m.TokenRead]:
+    return Call("POST", f"/tokens/{token_id}/revoke", one(m.TokenRead))
+
+
+def usage() -> Call[list[m.UserUsageRead]]:
+    return Call("GET", "/users/usage", many(m.UserUsageRead))
+
+
+def audit(*, actor: str | None, limit: int, offset: int) -> Call[m.AuditPage]:
+    params = query(actor=actor, limit=limit, offset=offset)
+    return Call("GET", "/audit", one(m.AuditPage), params=params)
+
+
+# --- what the sync and the async client decide alike ---------------------------------
+
+RETRIES = 3  # times a 503 (or a dropped event stream) is tried again before it is raised
+MAX_RETRY_WAIT_S = 30.0
+PAGE = 100  # jobs or sweeps per listing page
+METRICS_PAGE = 10_000  # the server's largest
+LOGS_PAGE = 1_000
+
+
+def retry_wait(
+    status_code: int, retry_after: float | None, attempt: int, call_retry: bool, retries: int
+) -> float | None:
+    """Seconds to wait before sending again, or None to raise: a 503 is the server saying
+    it cannot serve for now (its database is down), with Retry-After saying how long."""
+    if status_code != 503 or not call_retry or attempt >= retries:
+        return None
+    return min(retry_after if retry_after is not None else 2.0**attempt, MAX_RETRY_WAIT_S)
+
+
+def metrics_page(points: list[m.MetricRead]) -> tuple[list[m.MetricRead], int | None]:
+    """A page of points -> (the points to keep, the step to read after next; None: done).
+    A full page may end partway through a step's metrics: those are read again whole."""
+    if len(points) < METRICS_PAGE:
+        return points, None
+    last = points[-1].step
+    kept = [p for p in points if p.step < last]
+    if not kept:  # one step with a page of metrics: take it as it is
+        return points, last
+    return kept, last - 1
+
+
+def newer_than_seen(items: list[Any], seen: int | None) -> list[Any]:
+    """A newest-first page's items not already yielded: jobs submitted while the listing
+    is read push older ones onto the next page, where they would come twice."""
+    return [i for i in items if seen is None or i.id < seen]
+
+
+def job_fields(spec: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A submit's body: a spec (a mapping or a model) with keyword fields over it."""
+    if isinstance(spec, BaseModel):
+        spec = spec.model_dump(mode="json", exclude_unset=True)
+    body = {**(spec or {}), **{k: v for k, v in fields.items() if v is not None}}
+    for key in ("strategy", "accelerator", "optimizer", "precision"):
+        if hasattr(body.get(key), "value"):
+            body[key] = body[key].value
+    return body
+
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def code_fields(
+    entrypoint: Sequence[str] | None,
+    recipe: str | None,
+    requirements: Sequence[str] | str | os.PathLike[str] | None,
+    fields: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A code job's fields other than its code and data: the command (or the package's
+    recipe) and pip requirements (lines, or a requirements file)."""
+    if (entrypoint is None) == (recipe is None):
+        raise ValueError(
+            "give entrypoint (the command to run, e.g. ['python', 'train.py']) or recipe (one "
+            "the package's trainyard_recipes.py defines), not both and not neither"
+        )
+    body = job_fields(None, fields)
+    if entrypoint is not None:
+        if isinstance(entrypoint, str):
+            raise TypeError("entrypoint is a list of arguments: ['python', 'train.py']")
+        body["entrypoint"] = list(entrypoint)
+    else:
+        body["recipe"] = recipe
+    if isinstance(requirements, (str, os.PathLike)):
+        body["requirements"] = Path(requirements).read_text().splitlines()
+    elif requirements is not None:
+        body["requirements"] = list(requirements)
+    return body
+
+
+def data_files(data: Mapping[str, str | os.PathLike[str]] | None) -> dict[str, str | Path]:
+    """``data``'s values: a digest (already uploaded) stays one; anything else is a file
+    to upload, which must exist."""
+    found: dict[str, str | Path] = {}
+    for name, value in (data or {}).items():
+        if isinstance(value, str) and DIGEST.fullmatch(value):
+            found[name] = value
+            continue
+        path = Path(value)
+        if not path.is_file():
+            raise FileNotFoundError(f"data {name}: no such file {path}")
+        found[name] = path
+    return found

@@ -1,0 +1,410 @@
+"""``AsyncClient``: ``Client``'s methods for asyncio, awaited; listings and streams are
+async iterators.
+
+    async with AsyncClient() as client:
+        job = await client.submit(recipe="mlp-regression")
+        async for event in job.events():
+            print(event.kind, event.data)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from trainyard import _api as api
+from trainyard import config
+from trainyard import models as m
+from trainyard._sse import EventParser
+from trainyard.client import (
+    CHUNK_BYTES,
+    FOLLOW_POLL_S,
+    RECONNECT_WAIT_S,
+    STREAM_TIMEOUT,
+    TIMEOUT_S,
+    TRANSFER_TIMEOUT,
+    WAIT_POLL_S,
+    Upload,
+    shown,
+)
+from trainyard.errors import Unreachable, WaitTimeout, error_of, retry_after
+from trainyard.handles import AsyncJob, AsyncSweep
+from trainyard.packing import Packed, digest_of, pack
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """``Client`` for asyncio: the same arguments and methods, awaited."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = TIMEOUT_S,
+        retries: int = api.RETRIES,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = config.server_url(url)
+        token = config.api_token(token)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.retries = retries
+        self._http = httpx.AsyncClient(
+            base_url=self.url + "/api/v1", headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({shown(self._http.base_url)!r})"
+
+    # --- jobs ----------------------------------------------------------------------
+
+    async def submit(self, spec: Mapping[str, Any] | Any = None, /, **fields: Any) -> AsyncJob:
+        """``Client.submit``."""
+        return self._job(await self._send(api.submit(api.job_fields(spec, fields))))
+
+    async def submit_code(
+        self,
+        directory: str | os.PathLike[str],
+        entrypoint: Sequence[str] | None = None,
+        *,
+        recipe: str | None = None,
+        data: Mapping[str, str | os.PathLike[str]] | None = None,
+        requirements: Sequence[str] | str | os.PathLike[str] | None = None,
+        **fields: Any,
+    ) -> AsyncJob:
+        """``Client.submit_code``."""
+        body = api.code_fields(entrypoint, recipe, requirements, fields)
+        files = api.data_files(data)
+        body["code"] = (await self.upload_code(directory)).digest
+        if files:
+            body["data"] = {
+                name: value if isinstance(value, str) else (await self.upload(value)).digest
+                for name, value in files.items()
+            }
+        return self._job(await self._send(api.submit(body)))
+
+    async def job(self, job_id: int) -> AsyncJob:
+        return self._job(await self._send(api.job(job_id)))
+
+    async def jobs(
+        self,
+        *,
+        status: m.JobStatus | str | None = None,
+        owner: str | None = None,
+        sweep: int | None = None,
+        page_size: int = api.PAGE,
+    ) -> AsyncIterator[AsyncJob]:
+        """``Client.jobs``."""
+        seen: int | None = None
+        for offset in itertools.count(0, page_size):
+            page = await self._send(
+                api.jobs(status=status, owner=owner, sweep=sweep, limit=page_size, offset=offset)
+            )
+            for read in api.newer_than_seen(page.items, seen):
+                seen = read.id
+                yield self._job(read)
+            if len(page.items) < page_size:
+                return
+
+    async def cancel(self, job_id: int) -> AsyncJob:
+        return self._job(await self._send(api.cancel(job_id)))
+
+    async def rerun(self, job_id: int) -> AsyncJob:
+        return self._job(await self._send(api.rerun(job_id)))
+
+    async def wait(self, job_id: int, timeout: float | None = None) -> AsyncJob:
+        """``Client.wait``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause, longest = WAIT_POLL_S
+        while not (job := await self.job(job_id)).status.finished:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(f"job {job_id} is still {job.status} after {timeout} s")
+            await asyncio.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, longest)
+        return job
+
+    async def metrics(self, job_id: int, name: str | None = None) -> list[m.MetricRead]:
+        found: list[m.MetricRead] = []
+        after: int | None = -1
+        while after is not None:
+            page = await self._send(
+                api.metrics(job_id, name=name, after_step=after, limit=api.METRICS_PAGE)
+            )
+            kept, after = api.metrics_page(page)
+            found += kept
+        return found
+
+    async def logs(
+        self, job_id: int, *, follow: bool = False, after: int = 0
+    ) -> AsyncIterator[m.LogLineRead]:
+        """``Client.logs``."""
+        while True:
+            finished = follow and (await self._send(api.job(job_id))).status.finished
+            lines = await self._send(api.logs(job_id, after_seq=after, limit=api.LOGS_PAGE))
+            for line in lines:
+                yield line
+            if lines:
+                after = lines[-1].seq
+            if len(lines) == api.LOGS_PAGE:
+                continue
+            if not follow or finished:
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
+
+    async def events(self, job_id: int, *, after: int | None = None) -> AsyncIterator[m.Event]:
+        """``Client.events``: resumed after the last event received when dropped."""
+        failures = 0
+        pause, longest = RECONNECT_WAIT_S
+        while True:
+            headers = {"Last-Event-ID": str(after)} if after is not None else {}
+            try:
+                async with self._http.stream(
+                    "GET", api.events_path(job_id), headers=headers, timeout=STREAM_TIMEOUT
+                ) as response:
+                    if response.is_error:
+                        await response.aread()
+                        wait = api.retry_wait(
+                            response.status_code, retry_after(response), failures, True,
+                            self.retries,
+                        )  # fmt: skip
+                        if wait is None:
+                            raise error_of(response)
+                        failures += 1
+                        await asyncio.sleep(wait)
+                        continue
+                    parser = EventParser()
+                    async for line in response.aiter_lines():
+                        if (event := parser.line(line)) is None:
+                            continue
+                        failures = 0
+                        if event.id is not None:
+                            after = event.id
+                        yield event
+                        if event.kind == "end":
+                            return
+            except httpx.TransportError as exc:
+                failures += 1
+                if failures > self.retries:
+                    raise Unreachable(f"the event stream of job {job_id}: {exc}") from exc
+                await asyncio.sleep(min(pause * 2 ** (failures - 1), longest))
+
+    async def artifacts(self, job_id: int) -> list[m.ArtifactRead]:
+        return await self._send(api.artifacts(job_id))
+
+    async def download(
+        self,
+        job_id: int,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> Path:
+        """``Client.download``."""
+        dest = Path(path)
+        if dest.is_dir():
+            dest = dest / PurePosixPath(name).name
+        part = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            async with self._http.stream(
+                "GET", api.artifact_path(job_id, name), timeout=TRANSFER_TIMEOUT
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise error_of(response)
+                expected = int(response.headers.get("Content-Length", -1))
+                written = 0
+                with open(part, "wb") as out:
+                    async for chunk in response.aiter_bytes(CHUNK_BYTES):
+                        out.write(chunk)
+                        written += len(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+            if expected >= 0 and written != expected:
+                raise Unreachable(f"{name}: {written} of {expected} bytes, the transfer ended")
+            os.replace(part, dest)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot download {name} from {self.url}: {exc}") from exc
+        finally:
+            part.unlink(missing_ok=True)
+        return dest
+
+    # --- sweeps --------------------------------------------------------------------
+
+    async def submit_sweep(
+        self, spec: Mapping[str, Any] | Any = None, /, **fields: Any
+    ) -> AsyncSweep:
+        return self._sweep(await self._send(api.submit_sweep(api.job_fields(spec, fields))))
+
+    async def sweep(self, sweep_id: int) -> AsyncSweep:
+        return self._sweep(await self._send(api.sweep(sweep_id)))
+
+    async def sweeps(
+        self,
+        *,
+        status: m.SweepStatus | str | None = None,
+        owner: str | None = None,
+        page_size: int = api.PAGE,
+    ) -> AsyncIterator[AsyncSweep]:
+        seen: int | None = None
+        for offset in itertools.count(0, page_size):
+            page = await self._send(
+                api.sweeps(status=status, owner=owner, limit=page_size, offset=offset)
+            )
+            for read in api.newer_than_seen(page.items, seen):
+                seen = read.id
+                yield self._sweep(read)
+            if len(page.items) < page_size:
+                return
+
+    async def cancel_sweep(self, sweep_id: int) -> AsyncSweep:
+        return self._sweep(await self._send(api.cancel_sweep(sweep_id)))
+
+    # --- blobs ---------------------------------------------------------------------
+
+    async def has_blob(self, digest: str) -> bool:
+        response = await self._request("HEAD", api.blob_path(digest), ok=(404,))
+        return response.status_code == 200
+
+    async def upload(
+        self, path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None
+    ) -> Upload:
+        """``Client.upload`` (the file is hashed in a thread)."""
+        path = Path(path)
+        digest = await asyncio.to_thread(digest_of, path)
+        size = path.stat().st_size
+        if await self.has_blob(digest):
+            return Upload(digest, size, sent=False)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(CHUNK_BYTES):
+                    if progress is not None:
+                        progress(len(chunk))
+                    yield chunk
+
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        await self._request(
+            "PUT", api.blob_path(digest), content=chunks(), headers=headers,
+            timeout=TRANSFER_TIMEOUT, retry=False,
+        )  # fmt: skip
+        return Upload(digest, size, sent=True)
+
+    async def upload_code(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        progress: Callable[[int], None] | None = None,
+        packed: Callable[[Packed], None] | None = None,
+    ) -> Upload:
+        """``Client.upload_code`` (packed in a thread)."""
+        with tempfile.TemporaryDirectory(prefix="trainyard-pack-") as tmp:
+            package = await asyncio.to_thread(pack, Path(directory), Path(tmp) / "package.zip")
+            if packed is not None:
+                packed(package)
+            return await self.upload(package.path, progress=progress)
+
+    async def blobs(self, *, page_size: int = api.PAGE) -> AsyncIterator[m.BlobRead]:
+        for offset in itertools.count(0, page_size):
+            page = await self._send(api.blobs(limit=page_size, offset=offset))
+            for blob in page.items:
+                yield blob
+            if len(page.items) < page_size:
+                return
+
+    async def delete_blob(self, digest: str) -> None:
+        await self._send(api.delete_blob(digest))
+
+    # --- the box: recipes, workers, users ------------------------------------------
+
+    async def recipes(self) -> list[m.RecipeRead]:
+        return await self._send(api.recipes())
+
+    async def workers(self) -> list[m.WorkerRead]:
+        return await self._send(api.workers())
+
+    async def me(self) -> m.Me:
+        return await self._send(api.me())
+
+    async def users(self) -> list[m.UserRead]:
+        return await self._send(api.users())
+
+    async def add_user(self, name: str, *, admin: bool = False) -> m.UserRead:
+        return await self._send(api.add_user(name, admin))
+
+    async def set_quotas(self, name: str, **change: int | None) -> m.UserRead:
+        return await self._send(api.set_quotas(name, change))
+
+    async def create_token(
+        self, user: str, *, expires_in_days: int | None = None
+    ) -> m.TokenCreated:
+        return await self._send(api.create_token(user, expires_in_days))
+
+    async def tokens(self, user: str) -> list[m.TokenRead]:
+        return await self._send(api.tokens(user))
+
+    async def revoke_token(self, token_id: int) -> m.TokenRead:
+        return await self._send(api.revoke_token(token_id))
+
+    async def usage(self) -> list[m.UserUsageRead]:
+        return await self._send(api.usage())
+
+    async def audit(
+        self, *, actor: str | None = None, limit: int = 50, offset: int = 0
+    ) -> m.AuditPage:
+        return await self._send(api.audit(actor=actor, limit=limit, offset=offset))
+
+    # --- sending -------------------------------------------------------------------
+
+    def _job(self, read: m.JobRead) -> AsyncJob:
+        return AsyncJob.of(read, self)
+
+    def _sweep(self, read: m.SweepRead) -> AsyncSweep:
+        return AsyncSweep.of(read, self)
+
+    async def _send(self, call: api.Call[T]) -> T:
+        response = await self._request(
+            call.method, call.path, params=call.params, json=call.json, headers=call.headers,
+            retry=call.retry,
+        )  # fmt: skip
+        return call.read(response.json() if response.content else None)
+
+    async def _request(
+        self, method: str, path: str, *, retry: bool = True, ok: tuple[int, ...] = (), **kw: Any
+    ) -> httpx.Response:
+        for attempt in itertools.count():
+            try:
+                response = await self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                raise Unreachable(f"cannot reach {shown(self._http.base_url)}: {exc}") from exc
+            if not response.is_error or response.status_code in ok:
+                return response
+            wait = api.retry_wait(
+                response.status_code, retry_after(response), attempt, retry, self.retries
+            )
+            if wait is None:
+                raise error_of(response)
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover (count() never ends)
