@@ -7,7 +7,14 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from pydantic import BaseModel, Field
+
 from service.errors import TrainyardError
+
+
+class ArtifactRead(BaseModel):
+    name: str = Field(description="Its path in the job's folder.", examples=["model.safetensors"])
+    size: int = Field(description="Bytes.", examples=[4_194_304])
 
 
 class ArtifactNotFound(TrainyardError):
@@ -19,7 +26,7 @@ def job_dir(data_dir: Path, job_id: int) -> Path:
     return Path(data_dir) / "jobs" / str(job_id)
 
 
-def list_artifacts(data_dir: Path, job_id: int) -> list[dict[str, object]]:
+def list_artifacts(data_dir: Path, job_id: int) -> list[ArtifactRead]:
     """Files of a job, by path relative to its folder: regular files only, hidden working
     files left out, and no symbolic link followed or listed (a script writes what it
     likes to its output folder, links to other jobs' files or the box's included)."""
@@ -32,8 +39,9 @@ def list_artifacts(data_dir: Path, job_id: int) -> list[dict[str, object]]:
             path = here / name
             if name.startswith(".") or path.is_symlink() or not path.is_file():
                 continue
-            found.append({"name": path.relative_to(root).as_posix(), "size": path.stat().st_size})
-    return sorted(found, key=lambda a: str(a["name"]))
+            rel = path.relative_to(root).as_posix()
+            found.append(ArtifactRead(name=rel, size=path.stat().st_size))
+    return sorted(found, key=lambda a: a.name)
 
 
 def open_artifact(data_dir: Path, job_id: int, name: str) -> tuple[BinaryIO, int]:

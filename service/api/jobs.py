@@ -55,7 +55,7 @@ from service.api.responses import (
     WRITE,
     error,
 )
-from service.artifacts import list_artifacts, open_artifact
+from service.artifacts import ArtifactRead, list_artifacts, open_artifact
 from service.audit import Action
 from service.catalog import waiting_reason
 from service.db import read_session
@@ -369,9 +369,7 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 @router.get("/{job_id}/artifacts", summary="List a job's artifacts", responses=JOB_NOT_FOUND)
 @pooled
-def get_artifacts(
-    job_id: JobId, engine: EngineDep, settings: SettingsDep
-) -> list[dict[str, object]]:
+def get_artifacts(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> list[ArtifactRead]:
     """Final model (model.safetensors), resolved spec (spec.json) and checkpoints."""
     _job_exists(job_id, engine)
     return list_artifacts(settings.data_dir, job_id)
