@@ -21,8 +21,8 @@ run: install
 	$(BIN)/trainyard up
 
 lint: install
-	$(BIN)/ruff check service workers tests migrations benchmarks recipes examples
-	$(BIN)/ruff format --check service workers tests migrations benchmarks recipes examples
+	$(BIN)/ruff check service workers trainyard tests migrations benchmarks recipes examples
+	$(BIN)/ruff format --check service workers trainyard tests migrations benchmarks recipes examples
 
 typecheck: install
 	$(BIN)/mypy

@@ -155,3 +155,19 @@ def test_a_runner_imports_torch_only_once_its_walls_are_up() -> None:
     )
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+CLIENT = Path(__file__).resolve().parents[1] / "trainyard"
+# What the client distribution installs with (client/pyproject.toml), and the standard
+# library: the client must install and import without the server or torch.
+CLIENT_MAY_IMPORT = {"httpx", "pydantic", "pathspec", "trainyard"}
+
+
+def test_the_client_imports_only_its_own_light_dependencies() -> None:
+    offenders = [
+        f"{path.relative_to(CLIENT.parent)}:{line} imports {package}"
+        for path in sorted(CLIENT.rglob("*.py"))
+        for line, package in _imported_packages(path)
+        if package not in CLIENT_MAY_IMPORT and package not in sys.stdlib_module_names
+    ]
+    assert not offenders, offenders
