@@ -8,6 +8,7 @@ from sqlmodel import SQLModel
 import service.blob_rows  # noqa: F401  (registers the tables on SQLModel.metadata)
 import service.models  # noqa: F401
 import service.sweeps.models  # noqa: F401
+import service.webhooks.models  # noqa: F401
 from service.db import is_sqlite, make_engine
 from service.settings import Settings
 

@@ -17,7 +17,17 @@ from sqlalchemy import Engine
 from swagger_ui_bundle import swagger_ui_path
 
 from service import blob_upkeep
-from service.api import blobs, catalog, health, jobs, prometheus, sweeps, usage, users
+from service.api import (
+    blobs,
+    catalog,
+    health,
+    jobs,
+    prometheus,
+    sweeps,
+    usage,
+    users,
+    webhooks,
+)
 from service.api.deps import AuthDep
 from service.api.errors import install_error_handlers
 from service.api.guard import RequestGuard, inline_script_hashes
@@ -30,6 +40,7 @@ from service.events import JobFeeds
 from service.owner_only import hide_process
 from service.settings import Settings
 from service.sweeps.driver import DRIVE_INTERVAL_S, Driver
+from service.webhooks.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +73,7 @@ API_ROUTERS = (
     blobs.router,
     users.router,
     usage.router,
+    webhooks.router,
 )
 
 
@@ -88,6 +100,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.feeds = JobFeeds(app.state.engine)
     app.state.blobs = BlobStore.from_settings(settings)
     app.state.sweeps_wakeup = None  # the driver's, made in the lifespan's event loop
+    app.state.webhooks_wakeup = None  # the webhook dispatcher's, likewise
 
     app.state.instruments = Instruments(app.state.engine, settings.fair_share_half_life_s)
     app.include_router(health.router)
@@ -135,6 +148,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if app.state.settings.sweep_driver:
         app.state.sweeps_wakeup = asyncio.Event()
         driver = asyncio.create_task(_drive_sweeps(app, stop), name="sweep driver")
+    dispatcher = None
+    if app.state.settings.webhook_dispatcher:
+        app.state.webhooks_wakeup = asyncio.Event()
+        dispatcher = asyncio.create_task(
+            Dispatcher(app.state.engine, app.state.settings).run(stop, app.state.webhooks_wakeup),
+            name="webhook dispatcher",
+        )
     try:
         yield
     finally:
@@ -146,6 +166,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             # on an engine about to be disposed. It finishes the pass, then hands back.
             stop.set()
             await driver
+        if dispatcher is not None:
+            # Not cancelled either: attempts in flight get a moment, the rest of its
+            # claims are handed back (their DB work runs in threads, as the driver's).
+            stop.set()
+            await dispatcher
 
 
 async def _sweep_blobs(app: FastAPI) -> None:

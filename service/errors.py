@@ -21,6 +21,14 @@ class SweepNotFound(TrainyardError):
         self.sweep_id = sweep_id
 
 
+class WebhookNotFound(TrainyardError):
+    """No webhook has this id, or none of the asker's (ids are not told apart)."""
+
+    def __init__(self, webhook_id: int) -> None:
+        super().__init__(f"webhook {webhook_id} not found")
+        self.webhook_id = webhook_id
+
+
 class InvalidTransition(TrainyardError):
     """A status change the state machine does not allow (e.g. cancel of a finished job)."""
 
@@ -40,6 +48,15 @@ class SpecInvalid(TrainyardError):
     def at(cls, loc: tuple[str | int, ...], msg: str, type_: str = "value_error") -> SpecInvalid:
         """One error at a field path, in FastAPI's validation-error shape."""
         return cls([{"loc": ["body", *loc], "msg": msg, "type": type_}])
+
+
+class WebhookAddressRefused(SpecInvalid):
+    """A webhook's URL whose host is (or resolves to) an address the server may not send
+    to: loopback, private, link-local ... (``service.webhooks.address``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__([{"loc": ["body", "url"], "msg": message, "type": "address_refused"}])
+        self.message = message
 
 
 class BlobNotFound(TrainyardError):

@@ -122,6 +122,43 @@ class Settings(BaseSettings):
         "lease is taken over by another after this (one stopped cleanly hands it back).",
     )
 
+    # Webhooks: sent by each API process's dispatcher (service.webhooks).
+    webhook_dispatcher: bool = Field(
+        True,
+        description="Whether this API process sends webhooks' deliveries; several may: "
+        "each delivery is claimed by one at a time.",
+    )
+    webhook_allow_private_addresses: bool = Field(
+        False,
+        description="Let webhooks be sent to loopback, private, link-local and other "
+        "non-public addresses (receivers on the team's own network). By default a URL "
+        "whose host resolves to one is refused, at create and at each delivery.",
+    )
+    webhook_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Seconds: the longest one delivery attempt may take, connect to last "
+        "byte; past it the attempt fails and is retried.",
+    )
+    webhook_retry_base_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="Seconds before a failed delivery is tried again, doubling per attempt "
+        "(at most an hour).",
+    )
+    webhook_max_attempts: int = Field(
+        10, ge=1, le=100, description="Attempts per delivery; then it is recorded failed."
+    )
+    webhook_poll_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="Seconds between the dispatcher's looks for due deliveries (one indexed "
+        "read when there is none).",
+    )
+
     # Script jobs, on the worker.
     api_url: str | None = Field(
         None,

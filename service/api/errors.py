@@ -38,6 +38,7 @@ from service.errors import (
     TrainyardError,
     UserExists,
     UserNotFound,
+    WebhookNotFound,
 )
 from service.jobspec import unknown_field
 from service.models import JobCreate
@@ -75,6 +76,7 @@ class ErrorDetail(BaseModel):
 STATUS_OF: dict[type[TrainyardError], int] = {
     JobNotFound: 404,
     SweepNotFound: 404,
+    WebhookNotFound: 404,
     ArtifactNotFound: 404,
     InvalidTransition: 409,
     IdempotencyConflict: 409,

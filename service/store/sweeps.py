@@ -29,6 +29,7 @@ from service.store.submit import NewJob, QueueLimit, insert_jobs, job_row
 from service.store.transitions import cancel_in
 from service.sweeps.models import Sweep, SweepCreate, SweepStatus, SweepTrial, TrialState
 from service.users import Identity, check_may_act
+from service.webhooks import outbox
 
 UNFINISHED = (JobStatus.queued, JobStatus.running, JobStatus.cancelling)
 
@@ -225,6 +226,7 @@ def end_sweep(
         sweep.finished_at = utcnow()
         sweep.driver_id = sweep.lease_token = sweep.lease_expires_at = None
         session.add(sweep)
+        outbox.sweep_ended(session, sweep)
         return True
 
 
@@ -248,6 +250,7 @@ def cancel_sweep(engine: Engine, sweep_id: int, by: Identity) -> Sweep:
         sweep.driver_id = sweep.lease_token = sweep.lease_expires_at = None
         session.add(sweep)
         audit.record(session, by.name, Action.sweep_cancelled, f"sweep {sweep_id}")
+        outbox.sweep_ended(session, sweep)
         session.flush()
         return sweep
 

@@ -30,6 +30,7 @@ from service.store import retries
 from service.store.tables import job_table, node_table
 from service.users import BOOTSTRAP, Identity, check_may_act
 from service.wakeup import announce_job
+from service.webhooks import outbox
 
 S = JobStatus
 R = ReasonCode
@@ -123,6 +124,9 @@ def _transition(
         .execution_options(synchronize_session=False, populate_existing=True)
     )
     job = session.exec(stmt).scalar_one_or_none()
+    if job is not None:
+        # in this transaction: a change that rolls back tells no webhook
+        outbox.job_changed(session, job, to)
     if job is not None and to == S.queued:
         announce_job(session)  # a retry or a job handed back: claimable again
     if job is not None and job.nodes > 1 and to not in ACTIVE:

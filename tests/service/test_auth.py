@@ -43,6 +43,11 @@ ROUTES = [
     ("GET", "/api/v1/sweeps/1"),
     ("POST", "/api/v1/sweeps/1/cancel"),
     ("GET", "/api/v1/users/usage"),
+    ("GET", "/api/v1/webhooks"),
+    ("POST", "/api/v1/webhooks"),
+    ("GET", "/api/v1/webhooks/1"),
+    ("DELETE", "/api/v1/webhooks/1"),
+    ("POST", "/api/v1/webhooks/1/ping"),
 ]
 
 
@@ -55,6 +60,7 @@ def test_every_api_route_needs_the_token(settings: Settings, engine: Engine) -> 
         assert api_paths == {
             p.replace("/jobs/1", "/jobs/{job_id}")
             .replace("/sweeps/1", "/sweeps/{sweep_id}")
+            .replace("/webhooks/1", "/webhooks/{webhook_id}")
             .replace("model.safetensors", "{name}")
             .replace(DIGEST, "{digest}")
             .replace("/users/alice/", "/users/{name}/")
