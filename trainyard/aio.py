@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
@@ -127,6 +127,20 @@ class AsyncClient:
                 yield self._job(read)
             if len(page.items) < page_size:
                 return
+
+    async def jobs_page(
+        self,
+        *,
+        status: m.JobStatus | str | None = None,
+        owner: str | None = None,
+        sweep: int | None = None,
+        limit: int = api.PAGE,
+        offset: int = 0,
+    ) -> m.JobList:
+        """``Client.jobs_page``."""
+        return await self._send(
+            api.jobs(status=status, owner=owner, sweep=sweep, limit=limit, offset=offset)
+        )
 
     async def cancel(self, job_id: int) -> AsyncJob:
         return self._job(await self._send(api.cancel(job_id)))
@@ -251,6 +265,35 @@ class AsyncClient:
             part.unlink(missing_ok=True)
         return dest
 
+    async def download_to(
+        self,
+        job_id: int,
+        name: str,
+        out: BinaryIO,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """``Client.download_to``."""
+        try:
+            async with self._http.stream(
+                "GET", api.artifact_path(job_id, name), timeout=TRANSFER_TIMEOUT
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise error_of(response)
+                expected = int(response.headers.get("Content-Length", -1))
+                written = 0
+                async for chunk in response.aiter_bytes(CHUNK_BYTES):
+                    out.write(chunk)
+                    written += len(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot download {name} from {self.url}: {exc}") from exc
+        if expected >= 0 and written != expected:
+            raise Unreachable(f"{name}: {written} of {expected} bytes, the transfer ended")
+        return written
+
     # --- sweeps --------------------------------------------------------------------
 
     async def submit_sweep(
@@ -278,6 +321,17 @@ class AsyncClient:
                 yield self._sweep(read)
             if len(page.items) < page_size:
                 return
+
+    async def sweeps_page(
+        self,
+        *,
+        status: m.SweepStatus | str | None = None,
+        owner: str | None = None,
+        limit: int = api.PAGE,
+        offset: int = 0,
+    ) -> m.SweepList:
+        """``Client.sweeps_page``."""
+        return await self._send(api.sweeps(status=status, owner=owner, limit=limit, offset=offset))
 
     async def cancel_sweep(self, sweep_id: int) -> AsyncSweep:
         return self._sweep(await self._send(api.cancel_sweep(sweep_id)))
@@ -333,6 +387,10 @@ class AsyncClient:
                 yield blob
             if len(page.items) < page_size:
                 return
+
+    async def blobs_page(self, *, limit: int = api.PAGE, offset: int = 0) -> m.BlobList:
+        """``Client.blobs_page``."""
+        return await self._send(api.blobs(limit=limit, offset=offset))
 
     async def delete_blob(self, digest: str) -> None:
         await self._send(api.delete_blob(digest))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
@@ -141,6 +141,21 @@ class Client:
                 yield self._job(read)
             if len(page.items) < page_size:
                 return
+
+    def jobs_page(
+        self,
+        *,
+        status: m.JobStatus | str | None = None,
+        owner: str | None = None,
+        sweep: int | None = None,
+        limit: int = api.PAGE,
+        offset: int = 0,
+    ) -> m.JobList:
+        """One page of the listing ``jobs`` reads whole, as the API gives it: its
+        ``items`` (newest first) and the ``total`` that match."""
+        return self._send(
+            api.jobs(status=status, owner=owner, sweep=sweep, limit=limit, offset=offset)
+        )
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a queued job now, or ask the worker to stop a running one (idempotent)."""
@@ -272,6 +287,36 @@ class Client:
             part.unlink(missing_ok=True)
         return dest
 
+    def download_to(
+        self,
+        job_id: int,
+        name: str,
+        out: BinaryIO,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Write artifact ``name``'s bytes to ``out``, an open binary file (stdout's, say),
+        as they come; the number written."""
+        try:
+            with self._http.stream(
+                "GET", api.artifact_path(job_id, name), timeout=TRANSFER_TIMEOUT
+            ) as response:
+                if response.is_error:
+                    response.read()
+                    raise error_of(response)
+                expected = int(response.headers.get("Content-Length", -1))
+                written = 0
+                for chunk in response.iter_bytes(CHUNK_BYTES):
+                    out.write(chunk)
+                    written += len(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot download {name} from {self.url}: {exc}") from exc
+        if expected >= 0 and written != expected:
+            raise Unreachable(f"{name}: {written} of {expected} bytes, the transfer ended")
+        return written
+
     # --- sweeps --------------------------------------------------------------------
 
     def submit_sweep(self, spec: Mapping[str, Any] | Any = None, /, **fields: Any) -> Sweep:
@@ -301,6 +346,18 @@ class Client:
                 yield self._sweep(read)
             if len(page.items) < page_size:
                 return
+
+    def sweeps_page(
+        self,
+        *,
+        status: m.SweepStatus | str | None = None,
+        owner: str | None = None,
+        limit: int = api.PAGE,
+        offset: int = 0,
+    ) -> m.SweepList:
+        """One page of the listing ``sweeps`` reads whole, as the API gives it, with its
+        ``total``."""
+        return self._send(api.sweeps(status=status, owner=owner, limit=limit, offset=offset))
 
     def cancel_sweep(self, sweep_id: int) -> Sweep:
         """End the sweep and cancel its unfinished trials (idempotent)."""
@@ -359,6 +416,11 @@ class Client:
             yield from page.items
             if len(page.items) < page_size:
                 return
+
+    def blobs_page(self, *, limit: int = api.PAGE, offset: int = 0) -> m.BlobList:
+        """One page of the listing ``blobs`` reads whole, as the API gives it, with its
+        ``total``."""
+        return self._send(api.blobs(limit=limit, offset=offset))
 
     def delete_blob(self, digest: str) -> None:
         """Delete a blob (refused while an unfinished job uses it)."""

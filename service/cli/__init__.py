@@ -1,10 +1,12 @@
 """The ``trainyard`` command.
 
-``service.cli.service`` runs the service on this box (migrate, serve, worker, up);
-``service.cli.submit`` and ``service.cli.jobs`` talk to a running one over HTTP (submit;
-ls, status, logs, cancel, rerun), ``service.cli.artifacts`` fetches a job's files and
-lists recipes, ``service.cli.blobs`` uploads and manages blobs (``--code`` packs with
-``service.cli.pack``, ``service.cli.inputs`` turns directories and files into digests).
+``service.cli.service`` runs the service on this box (migrate, serve, worker, up); the
+other modules talk to a running one through the Python client, ``trainyard.Client``
+(``service.cli.api`` makes it from ``--url`` and ``--token``, and says what goes wrong
+with it): ``submit`` and ``jobs`` (submit; ls, status, logs, cancel, rerun),
+``artifacts`` (a job's files, and recipes), ``blobs`` (uploads, ls, rm; ``inputs`` turns
+a job's directories and files into digests), ``sweeps``, ``compare``, ``export`` and
+``users`` (users, tokens, audit).
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ from service.cli import (  # noqa: F401  (each registers its commands)
     sweeps,
     users,
 )
+from service.cli.api import report
 from service.cli.app import app
+from service.settings import Settings
+from trainyard import ApiError, Unreachable
+from trainyard.config import ConfigError
 
 # Typer lists commands in the order they registered, the modules' import order: the
 # ones a user reaches for first go first.
@@ -45,8 +51,12 @@ def main() -> None:
     try:
         app()
     except ValidationError as bad:  # a TRAINYARD_* setting: say which, without a traceback
+        if bad.title != Settings.__name__:  # an answer the client could not read: a bug
+            raise
         for error in bad.errors():
             field = "_".join(str(part) for part in error["loc"]).upper()
             message = error["msg"].removeprefix("Value error, ")
             sys.stderr.write(f"error: TRAINYARD_{field}: {message}\n")
         sys.exit(2)
+    except (ApiError, Unreachable, ConfigError) as error:  # from any command's client
+        sys.exit(report(error))

@@ -10,16 +10,16 @@ import sys
 from enum import StrEnum
 from typing import Annotated, Any
 
-import httpx
 import typer
 
+from service.cli.api import TokenOpt, UrlOpt, connect
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect, refused, unreachable
-from service.cli.metrics import metric_points
 from service.cli.printable import printable
+from trainyard import Client, NotFound
+from trainyard.models import JobRead, MetricRead
 
 DEFAULT_METRIC = "train/loss"
-JOBS_PAGE = 500  # the most GET /jobs gives in one page
+JOBS_PAGE = 500  # the most the API lists in one page of jobs
 CELL_CHARS = 30  # a spec field's value is cut to this in the table
 PLOT_MIN_COLUMNS = 60  # a narrower terminal gets the table only
 PLOT_ROWS = 20
@@ -83,15 +83,15 @@ def compare(
     with connect(url, token) as client:
         jobs = _jobs(client, list(dict.fromkeys(job_ids or [])))
         if sweep is not None:
-            found: dict[str, Any] = call(client, "GET", f"/sweeps/{sweep}")
-            metric = metric or found["spec"].get("metric")
-            mode = mode or (Mode(found["spec"]["mode"]) if found["spec"].get("mode") else None)
-            known = {job["id"] for job in jobs}
-            jobs += [job for job in _trial_jobs(client, sweep) if job["id"] not in known]
-        jobs.sort(key=lambda job: int(job["id"]))
+            found = client.sweep(sweep)
+            metric = metric or found.spec.get("metric")
+            mode = mode or (Mode(found.spec["mode"]) if found.spec.get("mode") else None)
+            known = {job.id for job in jobs}
+            jobs += [job for job in _trial_jobs(client, sweep) if job.id not in known]
+        jobs.sort(key=lambda job: job.id)
         metric, points = _points(client, jobs, metric)
     mode = mode or _default_mode(metric)
-    rows = [_summary(job, points[job["id"]], mode) for job in jobs]
+    rows = [_summary(job, points[job.id], mode) for job in jobs]
     fields = _differing(jobs)
     if as_json:
         shown = {"metric": metric, "mode": mode.value, "fields": fields, "jobs": rows}
@@ -107,20 +107,15 @@ def compare(
         _plot(jobs, points, metric, max(columns, PLOT_MIN_COLUMNS), colors=tty)
 
 
-def _jobs(client: httpx.Client, ids: list[int]) -> list[dict[str, Any]]:
+def _jobs(client: Client, ids: list[int]) -> list[JobRead]:
     """The jobs; every one that does not exist named at once, exit 1."""
-    jobs, missing = [], []
+    jobs: list[JobRead] = []
+    missing = []
     for job_id in ids:
         try:
-            response = client.get(f"/jobs/{job_id}")
-        except httpx.HTTPError as exc:
-            raise unreachable(client, exc) from exc
-        if response.status_code == 404:
+            jobs.append(client.job(job_id))
+        except NotFound:
             missing.append(str(job_id))
-        elif response.is_error:
-            refused(response)
-        else:
-            jobs.append(response.json())
     if missing:
         noun = "job" if len(missing) == 1 else "jobs"
         typer.echo(f"error: no {noun} {', '.join(missing)} on this server", err=True)
@@ -128,34 +123,28 @@ def _jobs(client: httpx.Client, ids: list[int]) -> list[dict[str, Any]]:
     return jobs
 
 
-def _trial_jobs(client: httpx.Client, sweep_id: int) -> list[dict[str, Any]]:
-    """The jobs of a sweep's trials, every page of GET /jobs?sweep=ID."""
-    jobs: list[dict[str, Any]] = []
-    while True:
-        params = {"sweep": sweep_id, "limit": JOBS_PAGE, "offset": len(jobs)}
-        page = call(client, "GET", "/jobs", params=params)
-        jobs += page["items"]
-        if not page["items"] or len(jobs) >= page["total"]:
-            break
+def _trial_jobs(client: Client, sweep_id: int) -> list[JobRead]:
+    """The jobs of a sweep's trials, every page of them."""
+    jobs: list[JobRead] = list(client.jobs(sweep=sweep_id, page_size=JOBS_PAGE))
     # A server without the filter would list every job: refuse rather than mislead.
-    if any(job.get("sweep_id") != sweep_id for job in jobs):
+    if any(job.sweep_id != sweep_id for job in jobs):
         typer.echo(f"error: this server does not list the jobs of sweep {sweep_id}", err=True)
         raise typer.Exit(1)
     return jobs
 
 
 def _points(
-    client: httpx.Client, jobs: list[dict[str, Any]], metric: str | None
-) -> tuple[str, dict[int, list[dict[str, Any]]]]:
+    client: Client, jobs: list[JobRead], metric: str | None
+) -> tuple[str, dict[int, list[MetricRead]]]:
     """The metric compared and each job's points of it."""
     if metric is not None:
-        return metric, {j["id"]: list(metric_points(client, j["id"], metric)) for j in jobs}
-    points = {j["id"]: list(metric_points(client, j["id"], DEFAULT_METRIC)) for j in jobs}
+        return metric, {j.id: client.metrics(j.id, metric) for j in jobs}
+    points = {j.id: client.metrics(j.id, DEFAULT_METRIC) for j in jobs}
     if all(points.values()):
         return DEFAULT_METRIC, points
     # Not every job has train/loss (a script's own names): the one metric they all share.
-    every = {j["id"]: list(metric_points(client, j["id"])) for j in jobs}
-    names = [{p["name"] for p in got} for got in every.values() if got]
+    every = {j.id: client.metrics(j.id) for j in jobs}
+    names = [{p.name for p in got} for got in every.values() if got]
     shared = set.intersection(*names) if names else {DEFAULT_METRIC}
     if DEFAULT_METRIC in shared:
         metric = DEFAULT_METRIC
@@ -166,37 +155,38 @@ def _points(
         said = "share the metrics" if shared else "share no metric; theirs are"
         typer.echo(printable(f"error: the jobs {said} {choices}: pick one with --metric"), err=True)
         raise typer.Exit(2)
-    return metric, {i: [p for p in got if p["name"] == metric] for i, got in every.items()}
+    return metric, {i: [p for p in got if p.name == metric] for i, got in every.items()}
 
 
 def _default_mode(metric: str) -> Mode:
     return Mode.max if re.search(r"acc(uracy)?\b", metric.lower()) else Mode.min
 
 
-def _summary(job: dict[str, Any], points: list[dict[str, Any]], mode: Mode) -> dict[str, Any]:
+def _summary(job: JobRead, points: list[MetricRead], mode: Mode) -> dict[str, Any]:
     """A job's row: who it is, the fields of its spec, and the metric's last and best."""
-    finite = [p for p in points if p["value"] is not None]
+    finite = [(p.step, p.value) for p in points if p.value is not None]
     pick = min if mode is Mode.min else max
-    best = pick(finite, key=lambda p: p["value"]) if finite else None
+    best = pick(finite, key=lambda point: point[1]) if finite else None
     return {
-        "id": job["id"],
-        "name": job.get("name"),
-        "status": job["status"],
-        "reason": (job.get("reason") or {}).get("code"),
+        "id": job.id,
+        "name": job.name,
+        "status": str(job.status),
+        "reason": job.reason.code if job.reason else None,
         "fields": _spec(job),
         "points": len(points),
         # null where the last value was not finite (NaN, infinity)
-        "last": points[-1]["value"] if points else None,
-        "step": points[-1]["step"] if points else None,
-        "best": best["value"] if best else None,
-        "best_step": best["step"] if best else None,
+        "last": points[-1].value if points else None,
+        "step": points[-1].step if points else None,
+        "best": best[1] if best else None,
+        "best_step": best[0] if best else None,
     }
 
 
-def _spec(job: dict[str, Any]) -> dict[str, Any]:
-    """The job's spec, its objects flattened: params.width, data.rows.csv."""
+def _spec(job: JobRead) -> dict[str, Any]:
+    """The job's spec (as the API writes it), its objects flattened: params.width,
+    data.rows.csv."""
     flat: dict[str, Any] = {}
-    for key, value in job.items():
+    for key, value in job.model_dump(mode="json").items():
         if key in NOT_SPEC:
             continue
         if isinstance(value, dict):
@@ -206,7 +196,7 @@ def _spec(job: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _differing(jobs: list[dict[str, Any]]) -> list[str]:
+def _differing(jobs: list[JobRead]) -> list[str]:
     """The spec fields whose value is not the same in every job, in the spec's order."""
     specs = [_spec(job) for job in jobs]
     keys = list(dict.fromkeys(k for spec in specs for k in spec))
@@ -229,7 +219,7 @@ def _cell(value: Any) -> str:
 
 
 def _print_table(
-    jobs: list[dict[str, Any]],
+    jobs: list[JobRead],
     rows: list[dict[str, Any]],
     fields: list[str],
     metric: str,
@@ -278,8 +268,8 @@ def _print_table(
 
 
 def _plot(
-    jobs: list[dict[str, Any]],
-    points: dict[int, list[dict[str, Any]]],
+    jobs: list[JobRead],
+    points: dict[int, list[MetricRead]],
     metric: str,
     columns: int,
     *,
@@ -290,10 +280,10 @@ def _plot(
 
     curves = []
     for job in jobs:
-        finite = [p for p in points[job["id"]] if p["value"] is not None]
+        finite = [(p.step, p.value) for p in points[job.id] if p.value is not None]
         if finite:
-            label = printable(f"{job['id']} {job.get('name') or ''}".strip())[:LABEL_CHARS]
-            curves.append((label, [p["step"] for p in finite], [p["value"] for p in finite]))
+            label = printable(f"{job.id} {job.name or ''}".strip())[:LABEL_CHARS]
+            curves.append((label, [step for step, _ in finite], [value for _, value in finite]))
     if not curves:
         return
     figure = plotext.figure

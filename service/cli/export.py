@@ -11,13 +11,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any
 
-import httpx
 import typer
 
+from service.cli.api import TokenOpt, UrlOpt, connect
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect
-from service.cli.metrics import metric_points
 from service.cli.printable import printable
+from trainyard import Client
+from trainyard.models import JobRead
 
 EVENT_FILES = "tfevents"  # what TensorBoard reads in a run folder: names holding this
 NAME_CHARS = 60  # a job's name in its run folder's, cut to this
@@ -50,15 +50,15 @@ def export(
         raise typer.Exit(2)
     tb = _tensorboard()
     with connect(url, token) as client:
-        if job_id is not None:
-            job = call(client, "GET", f"/jobs/{job_id}")
-            runs = [(_job_folder(job), job_id, None)]
-        else:
-            found = call(client, "GET", f"/sweeps/{sweep}")
+        runs: list[tuple[str, int, dict[str, Any] | None]]
+        if sweep is not None:
             runs = [
-                (f"trial-{t['number']:03d}-job-{t['job_id']}", t["job_id"], t["values"])
-                for t in found["trials"]
+                (f"trial-{t.number:03d}-job-{job}", job, t.values)
+                for t in client.sweep(sweep).trials
+                if (job := t.job_id) is not None  # a trial never started has no metrics
             ]
+        elif job_id is not None:
+            runs = [(_job_folder(client.job(job_id)), job_id, None)]
         for folder, job, hparams in runs:
             count, tags = _write_run(client, tb, tensorboard / folder, job, hparams)
             typer.echo(printable(f"{tensorboard / folder}: {count} points of {tags} metrics"))
@@ -83,14 +83,14 @@ def _tensorboard() -> SimpleNamespace:
     )
 
 
-def _job_folder(job: dict[str, Any]) -> str:
+def _job_folder(job: JobRead) -> str:
     """job-12, or job-12-<its name> with what a path should not hold replaced."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", job.get("name") or "").strip("-.")[:NAME_CHARS]
-    return f"job-{job['id']}" + (f"-{name}" if name else "")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", job.name or "").strip("-.")[:NAME_CHARS]
+    return f"job-{job.id}" + (f"-{name}" if name else "")
 
 
 def _write_run(
-    client: httpx.Client,
+    client: Client,
     tb: SimpleNamespace,
     folder: Path,
     job_id: int,
@@ -108,18 +108,18 @@ def _write_run(
             writer.add_event(tb.Event(wall_time=time.time(), step=0, summary=summary))
         # Points come in step order across metrics: TensorBoard drops what it reads
         # after a step that went back (it takes that for a restart).
-        for point in metric_points(client, job_id):
-            value = math.nan if point["value"] is None else point["value"]
-            scalar = tb.Summary.Value(tag=point["name"], simple_value=value)
+        for point in client.metrics(job_id):
+            value = math.nan if point.value is None else point.value
+            scalar = tb.Summary.Value(tag=point.name, simple_value=value)
             writer.add_event(
                 tb.Event(
-                    wall_time=point["time"],
-                    step=point["step"],
+                    wall_time=point.time,
+                    step=point.step,
                     summary=tb.Summary(value=[scalar]),
                 )
             )
             count += 1
-            tags.add(point["name"])
+            tags.add(point.name)
     except BaseException:
         writer.close()
         for path in folder.iterdir():  # no half export beside the last one

@@ -5,18 +5,17 @@ digests the API wants (only what the server lacks is uploaded)."""
 from __future__ import annotations
 
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import typer
 import yaml
 from rich.console import Console
 
-from service.cli.blobs import upload
-from trainyard.packing import Packed, PackError, pack
+from service.cli.blobs import Transfer, upload, uploaded
 from service.settings import Settings
+from trainyard import Client
+from trainyard.packing import Packed, PackError
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 DEFAULT_CODE_LIMIT = Settings.model_fields["max_code_bytes"].default
@@ -82,22 +81,32 @@ def from_job_file(spec: dict[str, Any], base: Path) -> None:
                 data[name] = path
 
 
-def upload_inputs(client: httpx.Client, spec: dict[str, Any]) -> None:
+def upload_inputs(client: Client, spec: dict[str, Any]) -> None:
     """Pack and upload the spec's code directory, upload its data files: each ``Path`` in
     ``code`` and ``data`` replaced by its digest."""
     console = Console(stderr=True)
     code = spec.get("code")
     if isinstance(code, Path):
-        with tempfile.TemporaryDirectory(prefix="trainyard-pack-") as tmp:
-            try:
-                packed = pack(code, Path(tmp) / "package.zip")
-            except PackError as exc:
-                raise typer.BadParameter(str(exc), param_hint="code") from exc
-            _warn_if_large(console, packed, code)
-            spec["code"] = upload(client, packed.path, label=f"code {code}", console=console)
+        spec["code"] = _upload_code(client, code, console)
     for name, path in (spec.get("data") or {}).items():
         if isinstance(path, Path):
             spec["data"][name] = upload(client, path, label=f"data {name}", console=console)
+
+
+def _upload_code(client: Client, code: Path, console: Console) -> str:
+    """The package of ``code``'s digest, after uploading it unless the server has it."""
+    label = f"code {code}"
+    with Transfer(label, console) as bar:
+
+        def packed(package: Packed) -> None:
+            _warn_if_large(console, package, code)
+            bar.size = package.path.stat().st_size
+
+        try:
+            up = client.upload_code(code, progress=bar, packed=packed)
+        except PackError as exc:
+            raise typer.BadParameter(str(exc), param_hint="code") from exc
+    return uploaded(up, label=label, console=console)
 
 
 def _warn_if_large(console: Console, packed: Packed, code: Path) -> None:

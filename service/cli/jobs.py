@@ -5,24 +5,25 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from service.cli.api import TokenOpt, UrlOpt, connect, listing
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect, listing
 from service.cli.printable import printable
 from service.cli.show import node_line, print_job, print_jobs
+from trainyard import Client
+from trainyard.models import JobRead, JobStatus
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
 FOLLOW_POLL_S = 0.5
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Watch until it ends.")]
 
 
-def follow_job(client: httpx.Client, job_id: int) -> int:
+def follow_job(client: Client, job_id: int) -> int:
     """A progress bar (steps, epoch, loss, ETA) until the job ends; 0 only on success."""
     console = Console(stderr=True)
     columns = (
@@ -37,30 +38,28 @@ def follow_job(client: httpx.Client, job_id: int) -> int:
             "", total=None, job=job_id, status="queued", epoch="-", loss="-", eta="-"
         )
         while True:
-            job = call(client, "GET", f"/jobs/{job_id}")
+            job = client.job(job_id)
             nodes = node_line(job)
             if nodes and nodes != shown_nodes:  # a gang forming, or the nodes it runs on
                 console.print(nodes, markup=False)
                 shown_nodes = nodes
-            p = job.get("progress") or {}
+            p = job.progress
             bar.update(
                 task,
-                total=p.get("total_steps") or None,
-                completed=p.get("step", 0),
-                status=printable(job["status"]),
-                epoch=f"{p['epoch']}/{p['epochs']}" if p else "-",
-                loss=f"{p['loss']:.4g}" if p.get("loss") is not None else "-",
-                eta=f"{p['eta_s']:.0f}s" if p.get("eta_s") is not None else "-",
+                total=(p.total_steps if p else 0) or None,
+                completed=p.step if p else 0,
+                status=printable(job.status),
+                epoch=f"{p.epoch}/{p.epochs}" if p else "-",
+                loss=f"{p.loss:.4g}" if p and p.loss is not None else "-",
+                eta=f"{p.eta_s:.0f}s" if p and p.eta_s is not None else "-",
             )
-            if job["status"] in TERMINAL:
+            if job.status.finished:
                 break
             time.sleep(FOLLOW_POLL_S)
-    reason = (job.get("reason") or {}).get("message", "")
+    reason = job.reason.message if job.reason else ""
     # markup off: "[...]" in a reason is the job's text, not rich's styling
-    console.print(
-        printable(f"job {job_id} {job['status']}: {reason}"), markup=False, soft_wrap=True
-    )
-    return 0 if job["status"] == "succeeded" else 1
+    console.print(printable(f"job {job_id} {job.status}: {reason}"), markup=False, soft_wrap=True)
+    return 0 if job.status == JobStatus.succeeded else 1
 
 
 @app.command()
@@ -75,12 +74,12 @@ def status(
     """Show one job in full, or the newest jobs."""
     with connect(url, token) as client:
         if job_id is None:
-            _print_list(call(client, "GET", "/jobs", params={"limit": 20})["items"], as_json)
+            _print_list(client.jobs_page(limit=20).items, as_json)
             return
-        job = call(client, "GET", f"/jobs/{job_id}")
+        job = client.job(job_id)
     if as_json:
         # ensure_ascii: JSON escapes every control character (and all non-ASCII)
-        typer.echo(json.dumps(job, indent=2, ensure_ascii=True))
+        typer.echo(json.dumps(job.model_dump(mode="json"), indent=2, ensure_ascii=True))
     else:
         print_job(job)
 
@@ -97,16 +96,15 @@ def list_jobs(
     token: TokenOpt = None,
 ) -> None:
     """List jobs, newest first: everyone's, one user's, or one sweep's trials."""
-    params = listing(limit, status_, mine, owner)
-    if sweep is not None:
-        params["sweep"] = sweep
     with connect(url, token) as client:
-        _print_list(call(client, "GET", "/jobs", params=params)["items"], as_json)
+        page = client.jobs_page(**listing(status_, mine, owner), sweep=sweep, limit=limit)
+    _print_list(page.items, as_json)
 
 
-def _print_list(jobs: list[dict[str, Any]], as_json: bool) -> None:
+def _print_list(jobs: Sequence[JobRead], as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(jobs, indent=2, ensure_ascii=True))
+        shown = [job.model_dump(mode="json") for job in jobs]
+        typer.echo(json.dumps(shown, indent=2, ensure_ascii=True))
     else:
         print_jobs(jobs)
 
@@ -119,32 +117,17 @@ def logs(
     token: TokenOpt = None,
 ) -> None:
     """Print a job's log lines (with -f, until the job ends)."""
-    after = 0
     with connect(url, token) as client:
-        while True:
-            lines = call(client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after})
-            for line in lines:
-                typer.echo(printable(line["text"]))
-                after = line["seq"]
-            if not follow:
-                return
-            if not lines and call(client, "GET", f"/jobs/{job_id}")["status"] in TERMINAL:
-                # one more read: lines may have landed between the two calls
-                for line in call(
-                    client, "GET", f"/jobs/{job_id}/logs", params={"after_seq": after}
-                ):
-                    typer.echo(printable(line["text"]))
-                return
-            if not lines:
-                time.sleep(FOLLOW_POLL_S)
+        for line in client.logs(job_id, follow=follow):
+            typer.echo(printable(line.text))
 
 
 @app.command()
 def cancel(job_id: int, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Cancel a job."""
     with connect(url, token) as client:
-        job = call(client, "POST", f"/jobs/{job_id}/cancel")
-        typer.echo(printable(f"job {job_id}: {job['status']}"))
+        job = client.cancel(job_id)
+        typer.echo(printable(f"job {job_id}: {job.status}"))
 
 
 @app.command()
@@ -153,7 +136,7 @@ def rerun(
 ) -> None:
     """Submit a job again as it was (code, data, seed, every field); prints the new id."""
     with connect(url, token) as client:
-        job = call(client, "POST", f"/jobs/{job_id}/rerun")
-        typer.echo(job["id"])
+        job = client.rerun(job_id)
+        typer.echo(job.id)
         if follow:
-            raise typer.Exit(follow_job(client, job["id"]))
+            raise typer.Exit(follow_job(client, job.id))

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from service.cli.api import TokenOpt, UrlOpt, connect
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect
 from service.cli.inputs import data_option, from_job_file, read_mapping, upload_inputs
 from service.cli.jobs import follow_job
 
@@ -140,10 +140,10 @@ def submit(
         )
     with connect(url, token) as client:
         upload_inputs(client, spec)
-        job = call(client, "POST", "/jobs", json=spec)
-        typer.echo(job["id"])
+        job = client.submit(spec)
+        typer.echo(job.id)
         if follow:
-            raise typer.Exit(follow_job(client, job["id"]))
+            raise typer.Exit(follow_job(client, job.id))
 
 
 def _job_file(file: Path) -> dict[str, Any]:

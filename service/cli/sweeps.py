@@ -8,20 +8,20 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from service.cli.api import TokenOpt, UrlOpt, connect, listing
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect, listing
 from service.cli.inputs import from_job_file, read_mapping, upload_inputs
 from service.cli.printable import printable
+from trainyard import Client
+from trainyard.models import Progress, SweepCounts, SweepRead, SweepStatus, TrialRead
 
 FOLLOW_POLL_S = 1.0
-TERMINAL = {"succeeded", "failed", "cancelled"}
 COUNTS = ("queued", "running", "succeeded", "failed", "cancelled", "pruned")
 BEST_MARK = "*"
 
@@ -54,10 +54,10 @@ def create(
     body = _sweep_file(file)
     with connect(url, token) as client:
         upload_inputs(client, body["job"])
-        sweep = call(client, "POST", "/sweeps", json=body)
-        typer.echo(sweep["id"])
+        sweep = client.submit_sweep(body)
+        typer.echo(sweep.id)
         if follow:
-            raise typer.Exit(follow_sweep(client, sweep["id"]))
+            raise typer.Exit(follow_sweep(client, sweep.id))
 
 
 @sweep_app.command()
@@ -71,10 +71,10 @@ def status(
 ) -> None:
     """Show a sweep: its trials, their counts, the best one."""
     with connect(url, token) as client:
-        sweep = call(client, "GET", f"/sweeps/{sweep_id}")
+        sweep = client.sweep(sweep_id)
     if as_json:
         # ensure_ascii: JSON escapes every control character (and all non-ASCII)
-        typer.echo(json.dumps(sweep, indent=2, ensure_ascii=True))
+        typer.echo(json.dumps(sweep.model_dump(mode="json"), indent=2, ensure_ascii=True))
         return
     console = Console(soft_wrap=False)
     console.print(trial_table(sweep))
@@ -85,13 +85,13 @@ def status(
 def cancel(sweep_id: int, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Cancel a sweep: no new trials, every unfinished one cancelled."""
     with connect(url, token) as client:
-        before = call(client, "GET", f"/sweeps/{sweep_id}")
-        sweep = call(client, "POST", f"/sweeps/{sweep_id}/cancel")
-    unfinished = {t["number"] for t in before["trials"] if t["status"] not in TERMINAL}
-    stopped = [t for t in sweep["trials"] if t["number"] in unfinished]
-    line = f"sweep {sweep_id}: {sweep['status']}"
+        before = client.sweep(sweep_id)
+        sweep = client.cancel_sweep(sweep_id)
+    unfinished = {t.number for t in before.trials if not t.status.finished}
+    stopped = [t for t in sweep.trials if t.number in unfinished]
+    line = f"sweep {sweep_id}: {sweep.status}"
     if stopped:
-        each = ", ".join(f"{t['number']} (job {t['job_id']})" for t in stopped)
+        each = ", ".join(f"{t.number} (job {t.job_id})" for t in stopped)
         line += f"; cancelled trials {each}"
     else:
         line += "; no trial was unfinished"
@@ -109,35 +109,35 @@ def list_sweeps(
     token: TokenOpt = None,
 ) -> None:
     """List sweeps, newest first."""
-    params = listing(limit, status_, mine, owner)
     with connect(url, token) as client:
-        sweeps = call(client, "GET", "/sweeps", params=params)["items"]
+        sweeps = client.sweeps_page(**listing(status_, mine, owner), limit=limit).items
     if as_json:
-        typer.echo(json.dumps(sweeps, indent=2, ensure_ascii=True))
+        shown = [sweep.model_dump(mode="json") for sweep in sweeps]
+        typer.echo(json.dumps(shown, indent=2, ensure_ascii=True))
         return
     typer.echo(f"{'ID':>6}  {'STATUS':<10}  {'OWNER':<12}  {'NAME':<20}  {'TRIALS':<20}  BEST")
     for sweep in sweeps:
-        c = sweep["counts"]
-        active = c.get("queued", 0) + c.get("running", 0)
-        trials = f"{c['succeeded']}/{c['total']} ok" + (f", {active} active" if active else "")
+        c = sweep.counts
+        active = c.queued + c.running
+        trials = f"{c.succeeded}/{c.total} ok" + (f", {active} active" if active else "")
         typer.echo(
             printable(
-                f"{sweep['id']:>6}  {sweep['status']:<10}  {sweep['owner']:<12}  "
-                f"{(sweep.get('name') or '')[:20]:<20}  {trials:<20}  {_best(sweep)}"
+                f"{sweep.id:>6}  {sweep.status:<10}  {sweep.owner:<12}  "
+                f"{(sweep.name or '')[:20]:<20}  {trials:<20}  {_best(sweep)}"
             )
         )
 
 
-def follow_sweep(client: httpx.Client, sweep_id: int) -> int:
+def follow_sweep(client: Client, sweep_id: int) -> int:
     """A live table of the trials until the sweep ends; 0 only if it found a best trial."""
     console = Console(stderr=True, soft_wrap=False)
     try:
         # not a terminal (a pipe, a file): rich draws only the last table, when it stops
         with Live(console=console, auto_refresh=False, redirect_stdout=False) as live:
             while True:
-                sweep = call(client, "GET", f"/sweeps/{sweep_id}")
+                sweep = client.sweep(sweep_id)
                 live.update(trial_table(sweep), refresh=True)
-                if sweep["status"] != "running":
+                if sweep.status != SweepStatus.running:
                     break
                 time.sleep(FOLLOW_POLL_S)
     except KeyboardInterrupt:
@@ -150,7 +150,7 @@ def follow_sweep(client: httpx.Client, sweep_id: int) -> int:
         return 130
     _end_line(console)
     _print_outcome(console, sweep)
-    return 0 if sweep["status"] == "finished" and sweep.get("best") else 1
+    return 0 if sweep.status == SweepStatus.finished and sweep.best else 1
 
 
 def _end_line(console: Console) -> None:
@@ -158,18 +158,18 @@ def _end_line(console: Console) -> None:
         console.line()
 
 
-def trial_table(sweep: dict[str, Any]) -> Table:
+def trial_table(sweep: SweepRead) -> Table:
     """The sweep's trials a row each: values, status, the metric's last and best, epoch."""
-    spec = sweep.get("spec") or {}
+    spec = sweep.spec or {}
     metric, mode = spec.get("metric", "metric"), spec.get("mode", "")
     names = list(spec.get("parameters") or {})
-    for trial in sweep["trials"]:  # a space the spec no longer shows: its values' names
-        names += [n for n in trial["values"] if n not in names]
-    best = (sweep.get("best") or {}).get("number")
-    title = f"sweep {sweep['id']}" + (f" {sweep['name']}" if sweep.get("name") else "")
+    for trial in sweep.trials:  # a space the spec no longer shows: its values' names
+        names += [n for n in trial.values if n not in names]
+    best = sweep.best.number if sweep.best else None
+    title = f"sweep {sweep.id}" + (f" {sweep.name}" if sweep.name else "")
     table = Table(
-        title=Text(printable(f"{title}: {sweep['status']}, {metric} {mode}")),
-        caption=Text(printable(_counts(sweep["counts"]))),
+        title=Text(printable(f"{title}: {sweep.status}, {metric} {mode}")),
+        caption=Text(printable(_counts(sweep.counts))),
     )
     table.add_column("#", justify="right")
     for name in names:
@@ -179,57 +179,57 @@ def trial_table(sweep: dict[str, Any]) -> Table:
     table.add_column("best", justify="right")
     table.add_column("epoch", justify="right")
     table.add_column("job", justify="right")
-    for trial in sweep["trials"]:
-        marked = trial["number"] == best
+    for trial in sweep.trials:
+        marked = trial.number == best
         cells = [
-            f"{trial['number']}{BEST_MARK if marked else ''}",
-            *(_value(trial["values"].get(name)) for name in names),
+            f"{trial.number}{BEST_MARK if marked else ''}",
+            *(_value(trial.values.get(name)) for name in names),
             _trial_status(trial),
-            _value(trial.get("last")),
-            _value(trial.get("best")),
-            _epoch(trial.get("progress")),
-            str(trial.get("job_id") or "-"),
+            _value(trial.last),
+            _value(trial.best),
+            _epoch(trial.progress),
+            str(trial.job_id or "-"),
         ]
         # Text: "[...]" in a value or name is the user's text, not rich's markup
         table.add_row(*(Text(printable(c)) for c in cells), style="bold" if marked else None)
     return table
 
 
-def _print_outcome(console: Console, sweep: dict[str, Any]) -> None:
+def _print_outcome(console: Console, sweep: SweepRead) -> None:
     """How the sweep stands or ended, and its best trial."""
-    lines = [f"sweep {sweep['id']} {sweep['status']}: {_counts(sweep['counts'])}"]
-    if sweep.get("reason"):
-        lines.append(f"  reason: {sweep['reason']['message']} ({sweep['reason']['code']})")
+    lines = [f"sweep {sweep.id} {sweep.status}: {_counts(sweep.counts)}"]
+    if sweep.reason:
+        lines.append(f"  reason: {sweep.reason.message} ({sweep.reason.code})")
     lines.append(f"  best: {_best(sweep, values=True)}")
     console.print(Group(*(Text(printable(line)) for line in lines)), soft_wrap=True)
 
 
-def _best(sweep: dict[str, Any], values: bool = False) -> str:
-    best = sweep.get("best")
+def _best(sweep: SweepRead, values: bool = False) -> str:
+    best = sweep.best
     if not best:
         return "-"
-    metric = (sweep.get("spec") or {}).get("metric", "metric")
+    metric = (sweep.spec or {}).get("metric", "metric")
     # trials are ranked by the metric's last value, the one the search was told
-    text = f"trial {best['number']} {metric} {_value(best.get('last'))}"
+    text = f"trial {best.number} {metric} {_value(best.last)}"
     if values:
-        chosen = ", ".join(f"{k}={_value(v)}" for k, v in best["values"].items())
-        text += f" (best seen {_value(best.get('best'))}; {chosen}; job {best['job_id']})"
+        chosen = ", ".join(f"{k}={_value(v)}" for k, v in best.values.items())
+        text += f" (best seen {_value(best.best)}; {chosen}; job {best.job_id})"
     return text
 
 
-def _counts(counts: dict[str, int]) -> str:
-    shown = ", ".join(f"{counts[k]} {k}" for k in COUNTS if counts.get(k))
-    return f"{counts.get('total', 0)} trials" + (f": {shown}" if shown else "")
+def _counts(counts: SweepCounts) -> str:
+    shown = ", ".join(f"{getattr(counts, k)} {k}" for k in COUNTS if getattr(counts, k))
+    return f"{counts.total} trials" + (f": {shown}" if shown else "")
 
 
-def _trial_status(trial: dict[str, Any]) -> str:
-    return "pruned" if trial.get("pruned") else str(trial["status"])
+def _trial_status(trial: TrialRead) -> str:
+    return "pruned" if trial.pruned else str(trial.status)
 
 
-def _epoch(progress: dict[str, Any] | None) -> str:
-    if not progress or not progress.get("epochs"):
+def _epoch(progress: Progress | None) -> str:
+    if not progress or not progress.epochs:
         return "-"
-    return f"{progress.get('epoch', 0)}/{progress['epochs']}"
+    return f"{progress.epoch}/{progress.epochs}"
 
 
 def _value(value: Any) -> str:

@@ -6,13 +6,14 @@ and reading the audit trail need an admin's."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from service.cli.api import TokenOpt, UrlOpt, connect
 from service.cli.app import app
-from service.cli.http import TokenOpt, UrlOpt, call, connect
 from service.cli.printable import printable
+from service.cli.show import moment
 
 users_app = typer.Typer(help="The box's users, their quotas and usage.", no_args_is_help=True)
 tokens_app = typer.Typer(help="API tokens: yours, or anyone's as an admin.", no_args_is_help=True)
@@ -30,22 +31,22 @@ def add_user(
     token: TokenOpt = None,
 ) -> None:
     """Add a user (admins); then give them a token with `trainyard tokens create NAME`."""
-    with connect(url, token) as api:
-        user = call(api, "POST", "/users", json={"name": name, "admin": admin})
-    typer.echo(f"added {user['name']}{' (admin)' if user['admin'] else ''}")
+    with connect(url, token) as client:
+        user = client.add_user(name, admin=admin)
+    typer.echo(f"added {user.name}{' (admin)' if user.admin else ''}")
 
 
 @users_app.command("ls")
 def list_users(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """The users, with their own quotas (- : the server's default)."""
-    with connect(url, token) as api:
-        users = call(api, "GET", "/users")
+    with connect(url, token) as client:
+        users = client.users()
     typer.echo(f"{'NAME':<20} {'ADMIN':<6} {'MAX DEVICES':>11} {'MAX QUEUED':>10}")
     for user in users:
         typer.echo(
             printable(
-                f"{user['name']:<20} {'yes' if user['admin'] else '':<6} "
-                f"{_limit(user['max_running_devices']):>11} {_limit(user['max_queued_jobs']):>10}"
+                f"{user.name:<20} {'yes' if user.admin else '':<6} "
+                f"{_limit(user.max_running_devices):>11} {_limit(user.max_queued_jobs):>10}"
             )
         )
 
@@ -73,25 +74,25 @@ def set_quotas(
     }
     if not change:
         raise typer.BadParameter("give --max-running-devices or --max-queued-jobs")
-    with connect(url, token) as api:
-        user = call(api, "PATCH", f"/users/{name}/quotas", json=change)
+    with connect(url, token) as client:
+        user = client.set_quotas(name, **change)
     typer.echo(
-        f"{user['name']}: max running devices {_limit(user['max_running_devices'])}, "
-        f"max queued jobs {_limit(user['max_queued_jobs'])}"
+        f"{user.name}: max running devices {_limit(user.max_running_devices)}, "
+        f"max queued jobs {_limit(user.max_queued_jobs)}"
     )
 
 
 @users_app.command("usage")
 def usage(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Fair share: each user's decayed usage, least first (the order the queue serves)."""
-    with connect(url, token) as api:
-        rows = call(api, "GET", "/users/usage")
+    with connect(url, token) as client:
+        rows = client.usage()
     typer.echo(f"{'USER':<20} {'DEVICE-HOURS':>12} {'RUNNING':>11} {'QUEUED':>11}")
     for row in rows:
-        running = f"{row['running_devices']}/{_limit(row['max_running_devices'])}"
-        queued = f"{row['queued_jobs']}/{_limit(row['max_queued_jobs'])}"
-        hours = row["usage_device_s"] / 3600
-        typer.echo(printable(f"{row['name']:<20} {hours:>12.2f} {running:>11} {queued:>11}"))
+        running = f"{row.running_devices}/{_limit(row.max_running_devices)}"
+        queued = f"{row.queued_jobs}/{_limit(row.max_queued_jobs)}"
+        hours = row.usage_device_s / 3600
+        typer.echo(printable(f"{row.name:<20} {hours:>12.2f} {running:>11} {queued:>11}"))
 
 
 @tokens_app.command("create")
@@ -104,12 +105,12 @@ def create_token(
     token: TokenOpt = None,
 ) -> None:
     """A new token for NAME (yourself, or anyone as an admin): printed this once."""
-    body = {"expires_in_days": _days(expires)} if expires is not None else {}
-    with connect(url, token) as api:
-        made = call(api, "POST", f"/users/{name}/tokens", json=body)
-    until = f", expires {made['expires_at'][:10]}" if made["expires_at"] else ""
-    typer.echo(f"token {made['id']} for {made['user']}{until} (shown once; keep it secret):")
-    typer.echo(made["token"])
+    days = _days(expires) if expires is not None else None
+    with connect(url, token) as client:
+        made = client.create_token(name, expires_in_days=days)
+    until = f", expires {moment(made.expires_at, 10)}" if made.expires_at else ""
+    typer.echo(f"token {made.id} for {made.user}{until} (shown once; keep it secret):")
+    typer.echo(made.token)
 
 
 @tokens_app.command("ls")
@@ -119,24 +120,23 @@ def list_tokens(
     token: TokenOpt = None,
 ) -> None:
     """A user's tokens by id and prefix (never the tokens themselves)."""
-    with connect(url, token) as api:
-        name = name or call(api, "GET", "/me")["name"]
-        tokens = call(api, "GET", f"/users/{name}/tokens")
+    with connect(url, token) as client:
+        name = name or client.me().name
+        tokens = client.tokens(name)
     typer.echo(f"{'ID':>5}  {'PREFIX':<10} {'CREATED':<10} {'EXPIRES':<10} STATE")
     for t in tokens:
-        state = "revoked" if t["revoked_at"] else "active"
-        expires = (t["expires_at"] or "never")[:10]
-        typer.echo(
-            f"{t['id']:>5}  {t['prefix']:<10} {t['created_at'][:10]:<10} {expires:<10} {state}"
-        )
+        state = "revoked" if t.revoked_at else "active"
+        expires = moment(t.expires_at, 10) or "never"
+        created = moment(t.created_at, 10)
+        typer.echo(f"{t.id:>5}  {t.prefix:<10} {created:<10} {expires:<10} {state}")
 
 
 @tokens_app.command("revoke")
 def revoke_token(token_id: int, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Revoke a token (yours, or anyone's as an admin): refused from now on."""
-    with connect(url, token) as api:
-        revoked = call(api, "POST", f"/tokens/{token_id}/revoke")
-    typer.echo(f"revoked token {revoked['id']} ({revoked['prefix']}...) of {revoked['user']}")
+    with connect(url, token) as client:
+        revoked = client.revoke_token(token_id)
+    typer.echo(f"revoked token {revoked.id} ({revoked.prefix}...) of {revoked.user}")
 
 
 @app.command()
@@ -147,15 +147,12 @@ def audit(
     token: TokenOpt = None,
 ) -> None:
     """Who did what, newest first (admins)."""
-    params: dict[str, Any] = {"limit": limit}
-    if actor is not None:
-        params["actor"] = actor
-    with connect(url, token) as api:
-        page = call(api, "GET", "/audit", params=params)
+    with connect(url, token) as client:
+        page = client.audit(actor=actor, limit=limit)
     typer.echo(f"{'AT':<19}  {'ACTOR':<12} {'ACTION':<14} TARGET  DETAIL")
-    for event in page["items"]:
-        detail = " ".join(f"{k}={v}" for k, v in (event["detail"] or {}).items())
-        line = f"{event['at'][:19]}  {event['actor']:<12} {event['action']:<14} {event['target']}"
+    for event in page.items:
+        detail = " ".join(f"{k}={v}" for k, v in (event.detail or {}).items())
+        line = f"{moment(event.at)}  {event.actor:<12} {event.action:<14} {event.target}"
         typer.echo(printable(f"{line}  {detail}".rstrip()))
 
 
