@@ -10,6 +10,7 @@ BENCHMARKS = [
     ["claims"],
     ["fair_share"],
     ["listing"],
+    ["client"],
     ["latency"],
     ["overhead"],
     ["reporting"],
