@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, event, select, update
 from sqlmodel import col
 
 from service import store
@@ -200,3 +200,26 @@ def test_deleting_a_webhook_deletes_its_deliveries(
     with read_session(engine) as session:
         left = select(WebhookDelivery).where(col(WebhookDelivery.webhook_id) == hook["id"])
         assert session.execute(left).all() == []
+
+
+def test_an_idle_poll_is_one_indexed_read(engine: Engine) -> None:
+    sent: list[tuple[str, Any]] = []
+
+    def keep(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
+        if "webhook" in statement:
+            sent.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        assert deliveries.claim_due(engine, 16, lease_s=40) == []
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    [(statement, params)] = sent  # no write, no lock
+    assert statement.startswith("SELECT")
+    if engine.dialect.name != "sqlite":
+        return  # PostgreSQL plans an empty table by cost
+    with engine.connect() as conn:
+        plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
+    assert [row[-1] for row in plan] == [
+        "SEARCH webhook_delivery USING INDEX ix_webhook_delivery_due (next_attempt_at<?)"
+    ]
