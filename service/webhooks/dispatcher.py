@@ -49,6 +49,21 @@ PRUNE_INTERVAL_S = 60.0  # old deliveries pruned at most this often, once some e
 STOP_GRACE_S = 2.0  # at stop, attempts in flight get this long; the rest are handed back
 
 
+class _UrlsShownBare(logging.Filter):
+    """httpx logs each request's whole URL at INFO: a webhook's may hold a user and
+    password, or be a secret itself (a Slack webhook's path). Its records show
+    scheme://host:port instead (in the API process, the dispatcher's are httpx's only)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 1 and isinstance(args[1], httpx.URL):
+            record.args = (args[0], address.shown(str(args[1])), *args[2:])
+        return True
+
+
+_HTTPX_LOG = logging.getLogger("httpx")
+
+
 class Dispatcher:
     """Sends due deliveries until stopped (``run``), or until none is due (``drain``)."""
 
@@ -61,6 +76,8 @@ class Dispatcher:
         self._in_flight: dict[asyncio.Task[None], Claimed] = {}
         self._ended_since_prune = 0
         self._pruned_at = time.monotonic()
+        if not any(isinstance(f, _UrlsShownBare) for f in _HTTPX_LOG.filters):
+            _HTTPX_LOG.addFilter(_UrlsShownBare())
 
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Claim and send every ``webhook_poll_s`` (at once when woken, or when a slot

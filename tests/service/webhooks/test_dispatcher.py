@@ -5,6 +5,7 @@ refused at send time, Slack's body, claims that two processes cannot share, prun
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -223,3 +224,23 @@ def test_an_idle_poll_is_one_indexed_read(engine: Engine) -> None:
     assert [row[-1] for row in plan] == [
         "SEARCH webhook_delivery USING INDEX ix_webhook_delivery_due (next_attempt_at<?)"
     ]
+
+
+def test_no_password_or_path_of_a_webhooks_url_reaches_the_logs(
+    loopback_client: TestClient,
+    engine: Engine,
+    receiver: Receiver,
+    dispatch: Dispatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = f"http://user:hunter2@127.0.0.1:{receiver.port}/services/T0/B0/pathsecret"
+    add_hook(loopback_client, url)
+    with receiving(Receiver(status=500)) as refusing:
+        add_hook(loopback_client, f"http://user:hunter2@127.0.0.1:{refusing.port}/pathsecret")
+        end_a_job(engine)
+        with caplog.at_level(logging.DEBUG):
+            dispatch()
+    [got] = receiver.got()
+    assert got.headers["Authorization"].startswith("Basic ")  # the URL's user was sent
+    assert "HTTP Request" in caplog.text and "attempt 1 failed" in caplog.text
+    assert "hunter2" not in caplog.text and "pathsecret" not in caplog.text
