@@ -279,3 +279,28 @@ def data_files(data: Mapping[str, str | os.PathLike[str]] | None) -> dict[str, s
             raise FileNotFoundError(f"data {name}: no such file {path}")
         found[name] = path
     return found
+
+
+# --- webhooks ------------------------------------------------------------------------
+
+
+def add_webhook(body: Mapping[str, Any]) -> Call[m.WebhookCreated]:
+    # Not sent again after a 503: a second one would be a second webhook.
+    return Call("POST", "/webhooks", one(m.WebhookCreated), json=dict(body), retry=False)
+
+
+def webhooks(*, owner: str | None, limit: int, offset: int) -> Call[m.WebhookList]:
+    params = query(owner=owner, limit=limit, offset=offset)
+    return Call("GET", "/webhooks", one(m.WebhookList), params=params)
+
+
+def webhook(webhook_id: int) -> Call[m.WebhookRead]:
+    return Call("GET", f"/webhooks/{webhook_id}", one(m.WebhookRead))
+
+
+def delete_webhook(webhook_id: int) -> Call[None]:
+    return Call("DELETE", f"/webhooks/{webhook_id}", nothing)
+
+
+def ping_webhook(webhook_id: int) -> Call[m.DeliveryRead]:
+    return Call("POST", f"/webhooks/{webhook_id}/ping", one(m.DeliveryRead), retry=False)

@@ -434,6 +434,40 @@ class AsyncClient:
     ) -> m.AuditPage:
         return await self._send(api.audit(actor=actor, limit=limit, offset=offset))
 
+    # --- webhooks ------------------------------------------------------------------
+
+    async def add_webhook(
+        self,
+        url: str,
+        *,
+        events: Sequence[str] | None = None,
+        secret: str | None = None,
+        format: str = "json",
+        all_users: bool = False,
+    ) -> m.WebhookCreated:
+        """``Client.add_webhook``."""
+        body = api.query(url=url, events=events, secret=secret, format=format)
+        return await self._send(api.add_webhook({**body, "all_users": all_users}))
+
+    async def webhooks(
+        self, *, owner: str | None = None, page_size: int = api.PAGE
+    ) -> AsyncIterator[m.WebhookRead]:
+        for offset in itertools.count(0, page_size):
+            page = await self._send(api.webhooks(owner=owner, limit=page_size, offset=offset))
+            for webhook in page.items:
+                yield webhook
+            if len(page.items) < page_size:
+                return
+
+    async def webhook(self, webhook_id: int) -> m.WebhookRead:
+        return await self._send(api.webhook(webhook_id))
+
+    async def delete_webhook(self, webhook_id: int) -> None:
+        await self._send(api.delete_webhook(webhook_id))
+
+    async def ping_webhook(self, webhook_id: int) -> m.DeliveryRead:
+        return await self._send(api.ping_webhook(webhook_id))
+
     # --- sending -------------------------------------------------------------------
 
     def _job(self, read: m.JobRead) -> AsyncJob:

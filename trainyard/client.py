@@ -463,6 +463,44 @@ class Client:
     def audit(self, *, actor: str | None = None, limit: int = 50, offset: int = 0) -> m.AuditPage:
         return self._send(api.audit(actor=actor, limit=limit, offset=offset))
 
+    # --- webhooks ------------------------------------------------------------------
+
+    def add_webhook(
+        self,
+        url: str,
+        *,
+        events: Sequence[str] | None = None,
+        secret: str | None = None,
+        format: str = "json",
+        all_users: bool = False,
+    ) -> m.WebhookCreated:
+        """Be told at ``url`` when your jobs and sweeps end (``events``: default every
+        end; ``format="slack"`` for a Slack incoming webhook). The answer holds the
+        signing secret, shown this once."""
+        body = api.query(url=url, events=events, secret=secret, format=format)
+        return self._send(api.add_webhook({**body, "all_users": all_users}))
+
+    def webhooks(
+        self, *, owner: str | None = None, page_size: int = api.PAGE
+    ) -> Iterator[m.WebhookRead]:
+        """Your webhooks (an admin: everyone's, or ``owner``'s), newest first."""
+        for offset in itertools.count(0, page_size):
+            page = self._send(api.webhooks(owner=owner, limit=page_size, offset=offset))
+            yield from page.items
+            if len(page.items) < page_size:
+                return
+
+    def webhook(self, webhook_id: int) -> m.WebhookRead:
+        """One webhook with its last deliveries and how each went."""
+        return self._send(api.webhook(webhook_id))
+
+    def delete_webhook(self, webhook_id: int) -> None:
+        self._send(api.delete_webhook(webhook_id))
+
+    def ping_webhook(self, webhook_id: int) -> m.DeliveryRead:
+        """Send the webhook a ``webhook.ping`` event now: its delivery, pending."""
+        return self._send(api.ping_webhook(webhook_id))
+
     # --- sending -------------------------------------------------------------------
 
     def _job(self, read: m.JobRead) -> Job:

@@ -298,3 +298,43 @@ class Event(Model):
     @property
     def progress(self) -> Progress | None:
         return Progress.model_validate(self.data) if self.kind == "progress" else None
+
+
+class DeliveryRead(Model):
+    """One event sent (or to be sent) to a webhook."""
+
+    id: int  # also its X-Trainyard-Delivery header: the same on each retry
+    event: str
+    subject: str  # "job 12", "sweep 3"
+    state: str  # pending, delivered or failed
+    attempts: int
+    last_status_code: int | None = None
+    last_error: str | None = None
+    created_at: datetime
+    next_attempt_at: datetime
+    delivered_at: datetime | None = None
+
+
+class WebhookRead(Model):
+    """A webhook (never its secret), with its last deliveries when read alone."""
+
+    id: int
+    owner: str
+    url: str
+    events: list[str]
+    format: str  # json or slack
+    all_users: bool
+    active: bool
+    created_at: datetime
+    deliveries: list[DeliveryRead] = Field(default_factory=list)
+
+
+class WebhookCreated(WebhookRead):
+    secret: str  # the signing secret: shown in this answer only
+
+
+class WebhookList(Model):
+    items: list[WebhookRead]
+    total: int
+    limit: int
+    offset: int

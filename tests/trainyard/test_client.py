@@ -17,7 +17,8 @@ import pytest
 from tests.databases import empty
 from tests.e2e.conftest import one_database
 from tests.e2e.test_database_outage import database_down
-from tests.stack import Stack, free_port, running_stack
+from tests.service.webhooks.receiver import receiving
+from tests.stack import Stack, free_port, running_stack, wait_for
 from trainyard import (
     AsyncClient,
     AsyncJob,
@@ -36,6 +37,7 @@ from trainyard import (
     WaitTimeout,
 )
 from trainyard.config import ConfigError
+from trainyard.signatures import verify
 
 pytestmark = pytest.mark.slow
 
@@ -219,6 +221,9 @@ def test_errors_are_exceptions_carrying_the_apis_detail(
     with Client(stack.url, forged) as stranger, pytest.raises(Unauthorized):
         stranger.me()
 
+    with pytest.raises(Invalid, match="loopback"):  # this server keeps to public addresses
+        yard.add_webhook(f"http://127.0.0.1:{free_port()}/hook")
+
     with Client(f"http://127.0.0.1:{free_port()}") as nowhere, pytest.raises(Unreachable):
         nowhere.job(1)
     monkeypatch.delenv("TRAINYARD_URL", raising=False)
@@ -341,3 +346,37 @@ def test_the_async_client_has_the_same_methods(stack: Stack, tmp_path: Path) -> 
                 await yard.job(10**6)
 
     asyncio.run(session())
+
+
+def test_webhooks_added_pinged_read_and_deleted(tmp_path: Path) -> None:
+    settings = {"webhook_allow_private_addresses": 1, "webhook_poll_s": 0.2}
+    with (
+        running_stack(tmp_path, **settings) as stack,
+        receiving() as receiver,
+        Client(stack.url) as yard,
+    ):
+        hook = yard.add_webhook(receiver.url, events=["job.failed"])
+        assert hook.secret and hook.events == ["job.failed"] and hook.format == "json"
+        ping = yard.ping_webhook(hook.id)
+        assert ping.event == "webhook.ping" and ping.state == "pending"
+        got = wait_for(receiver.got, 30, "the ping")
+        verify(hook.secret, got[0].body, got[0].headers["X-Trainyard-Timestamp"],
+               got[0].headers["X-Trainyard-Signature"])  # fmt: skip
+        assert got[0].delivery == str(ping.id)
+        read = wait_for(
+            lambda: (h := yard.webhook(hook.id)).deliveries[0].state == "delivered" and h,
+            30, "the delivery's record",
+        )  # fmt: skip
+        assert not hasattr(read, "secret") and read.deliveries[0].last_status_code == 200
+        assert [h.id for h in yard.webhooks()] == [hook.id]
+
+        async def from_asyncio() -> list[int]:
+            async with AsyncClient(stack.url) as ayard:
+                slack = await ayard.add_webhook(receiver.url, format="slack")
+                return [h.id async for h in ayard.webhooks(page_size=1)] + [slack.id]
+
+        *listed, slack_id = asyncio.run(from_asyncio())
+        assert listed == [slack_id, hook.id]
+        yard.delete_webhook(hook.id)
+        with pytest.raises(NotFound):
+            yard.webhook(hook.id)
