@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -96,7 +97,7 @@ def artifacts(job_id: int) -> Call[list[m.ArtifactRead]]:
 
 
 def artifact_path(job_id: int, name: str) -> str:
-    return f"/jobs/{job_id}/artifacts/{name}"
+    return f"/jobs/{job_id}/artifacts/{quote(name)}"  # a name may hold "?" or "#"
 
 
 def events_path(job_id: int) -> str:
@@ -193,7 +194,8 @@ def audit(*, actor: str | None, limit: int, offset: int) -> Call[m.AuditPage]:
 RETRIES = 3  # times a 503 (or a dropped event stream) is tried again before it is raised
 MAX_RETRY_WAIT_S = 30.0
 PAGE = 100  # jobs or sweeps per listing page
-METRICS_PAGE = 10_000  # the server's largest
+METRICS_PAGE = 10_000
+METRICS_PAGE_MAX = 100_000  # the server's largest
 LOGS_PAGE = 1_000
 
 
@@ -207,16 +209,21 @@ def retry_wait(
     return min(retry_after if retry_after is not None else 2.0**attempt, MAX_RETRY_WAIT_S)
 
 
-def metrics_page(points: list[m.MetricRead]) -> tuple[list[m.MetricRead], int | None]:
-    """A page of points -> (the points to keep, the step to read after next; None: done).
-    A full page may end partway through a step's metrics: those are read again whole."""
-    if len(points) < METRICS_PAGE:
-        return points, None
+def metrics_page(
+    points: list[m.MetricRead], limit: int
+) -> tuple[list[m.MetricRead], int | None, int]:
+    """A page of points -> (the points to keep, the step to read after next (None: done),
+    the next page's size). A full page may end partway through a step's metrics: those
+    are read again whole; a step that fills a page alone is read again in a bigger one."""
+    if len(points) < limit:
+        return points, None, limit
     last = points[-1].step
     kept = [p for p in points if p.step < last]
-    if not kept:  # one step with a page of metrics: take it as it is
-        return points, last
-    return kept, last - 1
+    if kept:
+        return kept, last - 1, limit
+    if limit < METRICS_PAGE_MAX:
+        return [], points[0].step - 1, min(limit * 2, METRICS_PAGE_MAX)
+    return points, last, limit  # over 100,000 metrics at one step: the rest are not read
 
 
 def newer_than_seen(items: list[Any], seen: int | None) -> list[Any]:

@@ -160,14 +160,15 @@ class AsyncClient:
             pause = min(pause * 2, longest)
         return job
 
-    async def metrics(self, job_id: int, name: str | None = None) -> list[m.MetricRead]:
+    async def metrics(
+        self, job_id: int, name: str | None = None, *, page_size: int = api.METRICS_PAGE
+    ) -> list[m.MetricRead]:
         found: list[m.MetricRead] = []
         after: int | None = -1
         while after is not None:
-            page = await self._send(
-                api.metrics(job_id, name=name, after_step=after, limit=api.METRICS_PAGE)
-            )
-            kept, after = api.metrics_page(page)
+            call = api.metrics(job_id, name=name, after_step=after, limit=page_size)
+            page = await self._send(call)
+            kept, after, page_size = api.metrics_page(page, page_size)
             found += kept
         return found
 
@@ -242,25 +243,9 @@ class AsyncClient:
             dest = dest / PurePosixPath(name).name
         part = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
         try:
-            async with self._http.stream(
-                "GET", api.artifact_path(job_id, name), timeout=TRANSFER_TIMEOUT
-            ) as response:
-                if response.is_error:
-                    await response.aread()
-                    raise error_of(response)
-                expected = int(response.headers.get("Content-Length", -1))
-                written = 0
-                with open(part, "wb") as out:
-                    async for chunk in response.aiter_bytes(CHUNK_BYTES):
-                        out.write(chunk)
-                        written += len(chunk)
-                        if progress is not None:
-                            progress(len(chunk))
-            if expected >= 0 and written != expected:
-                raise Unreachable(f"{name}: {written} of {expected} bytes, the transfer ended")
+            with open(part, "wb") as out:
+                await self.download_to(job_id, name, out, progress=progress)
             os.replace(part, dest)
-        except httpx.TransportError as exc:
-            raise Unreachable(f"cannot download {name} from {self.url}: {exc}") from exc
         finally:
             part.unlink(missing_ok=True)
         return dest

@@ -178,15 +178,15 @@ class Client:
             pause = min(pause * 2, longest)
         return job
 
-    def metrics(self, job_id: int, name: str | None = None) -> list[m.MetricRead]:
+    def metrics(
+        self, job_id: int, name: str | None = None, *, page_size: int = api.METRICS_PAGE
+    ) -> list[m.MetricRead]:
         """Every point of the job's metrics (or of one), ordered by step."""
         found: list[m.MetricRead] = []
         after: int | None = -1
         while after is not None:
-            page = self._send(
-                api.metrics(job_id, name=name, after_step=after, limit=api.METRICS_PAGE)
-            )
-            kept, after = api.metrics_page(page)
+            page = self._send(api.metrics(job_id, name=name, after_step=after, limit=page_size))
+            kept, after, page_size = api.metrics_page(page, page_size)
             found += kept
         return found
 
@@ -264,25 +264,9 @@ class Client:
             dest = dest / PurePosixPath(name).name
         part = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
         try:
-            with self._http.stream(
-                "GET", api.artifact_path(job_id, name), timeout=TRANSFER_TIMEOUT
-            ) as response:
-                if response.is_error:
-                    response.read()
-                    raise error_of(response)
-                expected = int(response.headers.get("Content-Length", -1))
-                written = 0
-                with open(part, "wb") as out:
-                    for chunk in response.iter_bytes(CHUNK_BYTES):
-                        out.write(chunk)
-                        written += len(chunk)
-                        if progress is not None:
-                            progress(len(chunk))
-            if expected >= 0 and written != expected:
-                raise Unreachable(f"{name}: {written} of {expected} bytes, the transfer ended")
+            with open(part, "wb") as out:
+                self.download_to(job_id, name, out, progress=progress)
             os.replace(part, dest)
-        except httpx.TransportError as exc:
-            raise Unreachable(f"cannot download {name} from {self.url}: {exc}") from exc
         finally:
             part.unlink(missing_ok=True)
         return dest

@@ -11,10 +11,10 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
-from service.cli.metrics import metric_points
 from tests.e2e.conftest import one_database
 from tests.e2e.test_cli import cli
 from tests.stack import Stack, wait_for
+from trainyard import Client
 
 pytestmark = pytest.mark.slow
 CLIENT_SIDE = one_database("sqlite")
@@ -106,10 +106,15 @@ def test_compare_and_export_two_jobs(stack: Stack, tmp_path: Path) -> None:
 
     # Paging: a page may end part-way through a step's points; every point comes once.
     everything = _points(stack, a)
-    assert list(metric_points(stack.http, a, page=3)) == everything
-    assert list(metric_points(stack.http, a, "train/loss", page=1)) == [
+    with Client(stack.url) as client:
+        paged = client.metrics(a, page_size=3)
+        one_by_one = client.metrics(a, "train/loss", page_size=1)
+        grown = client.metrics(a, page_size=1)  # a step's points fill a page: it grows
+    assert [p.model_dump() for p in paged] == everything
+    assert [p.model_dump() for p in one_by_one] == [
         p for p in everything if p["name"] == "train/loss"
     ]
+    assert [p.model_dump() for p in grown] == everything
 
     # Export: TensorBoard reads back exactly the API's points, and twice is not double.
     logdir = tmp_path / "tb"
