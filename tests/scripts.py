@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from trainyard.packing import pack
 from tests.stack import REPO
+from trainyard.packing import pack
 
 EXAMPLES = REPO / "examples"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.packing import PackError, pack
 from service.packages import check_package
+from trainyard.packing import PackError, pack
 
 
 def project(root: Path) -> Path:

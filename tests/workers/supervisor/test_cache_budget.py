@@ -24,13 +24,13 @@ from sqlmodel import Session
 from service import blob_rows, store
 from service.blobs import BlobStore
 from service.catalog import list_workers
-from trainyard.packing import pack
 from service.db import make_engine, write_session
 from service.migrate import upgrade
 from service.models import JobCreate, WorkerRead
 from service.settings import Settings
 from tests.stack import RECIPES_DIR, REPO, wait_for
 from tests.workers.supervisor.test_supervisor import InThread
+from trainyard.packing import pack
 from workers import venv_names as venvs
 from workers.supervisor import cache_budget
 from workers.supervisor.cache_budget import GIB, CacheBudget

@@ -24,13 +24,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from service.app import create_app
-from trainyard.packing import pack
 from service.jobspec import CUDA_CONTEXT_GB
 from service.models import Accelerator, Strategy
 from service.settings import Settings
 from service.store import Claim, Fence, load_job
 from tests.stack import wait_for
 from tests.standin_nvml import GIB, StandInNvml
+from trainyard.packing import pack
 from workers import gpu
 from workers.jobfiles import JobFiles
 from workers.supervisor.attempt import Attempt
