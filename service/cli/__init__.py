@@ -5,8 +5,8 @@ other modules talk to a running one through the Python client, ``trainyard.Clien
 (``service.cli.api`` makes it from ``--url`` and ``--token``, and says what goes wrong
 with it): ``submit`` and ``jobs`` (submit; ls, status, logs, cancel, rerun),
 ``artifacts`` (a job's files, and recipes), ``blobs`` (uploads, ls, rm; ``inputs`` turns
-a job's directories and files into digests), ``sweeps``, ``compare``, ``export`` and
-``users`` (users, tokens, audit).
+a job's directories and files into digests), ``sweeps``, ``compare``, ``export``,
+``users`` (users, tokens, audit) and ``webhooks``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from service.cli import (  # noqa: F401  (each registers its commands)
     submit,
     sweeps,
     users,
+    webhooks,
 )
 from service.cli.api import report
 from service.cli.app import app
