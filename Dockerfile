@@ -24,14 +24,15 @@ WORKDIR /app
 # and a secret is in no layer):  docker build --secret id=pip.conf,src=./pip.conf .
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
-    mkdir service workers \
-    && touch service/__init__.py workers/__init__.py \
+    mkdir service workers trainyard \
+    && touch service/__init__.py workers/__init__.py trainyard/__init__.py \
     && pip install . \
     && pip uninstall --yes trainyard
 COPY alembic.ini ./
 COPY migrations ./migrations
 COPY service ./service
 COPY workers ./workers
+COPY trainyard ./trainyard
 # Editable: `trainyard migrate` finds migrations/ beside the packages.
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
     pip install --no-deps -e .

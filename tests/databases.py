@@ -25,7 +25,7 @@ ADMIN_URL = os.environ.get(
 REQUIRED = os.environ.get("TRAINYARD_TEST_REQUIRE_POSTGRES") == "1"
 TABLES = (
     "sweep_trial", "sweep", "job_node", "job_blob", "blob_upload", "blob", "log_line", "metric",
-    "job", "worker",
+    "webhook_delivery", "webhook", "job", "worker",
     "api_token", "audit_event", "trainyard_user",
 )  # fmt: skip
 
