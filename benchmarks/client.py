@@ -13,10 +13,10 @@ Two operations:
 - one job: ``client.job(id)`` against ``http.get("/jobs/{id}").json()``;
 - a page of 50: the first 50 of ``client.jobs(page_size=50)`` (one request: the next page
   is read only when a 51st job is asked for) against ``GET /jobs?limit=50&offset=0`` and
-  ``.json()``. The client has no public method that returns one page.
+  ``.json()``.
 
 Also timed, without the server, on the answers the bare side read: what the client adds
-to a body already received (validating it into ``JobRead``, wrapping it as a ``Job``).
+to a body already received (validating its bytes into ``Job`` handles, bound to the client).
 """
 
 from __future__ import annotations
@@ -87,22 +87,20 @@ def in_process_us(call: Callable[[], object], calls: int) -> float:
     return statistics.median(per_call_ms(call, calls)[1] for _ in range(5)) * 1000
 
 
-def parse_costs(
-    text: bytes, model: type[m.JobRead | m.JobList], client: Client, calls: int
-) -> dict[str, float]:
+def parse_costs(text: bytes, page: bool, client: Client, calls: int) -> dict[str, float]:
     """Without the server, CPU per answer: the bare side's parse (``json.loads``), and the
-    client's (the same parse, then validated into ``model``, then each job wrapped as a
-    ``Job`` by ``Job.of``)."""
-    body = json.loads(text)
+    client's (the bytes validated straight into ``Job`` handles, as ``Client`` reads an
+    answer, each then bound to the client)."""
+    model: Any = m.Page[Job] if page else Job
 
-    def wrapped() -> list[Job]:
-        read = model.model_validate(body)
-        return [Job.of(r, client) for r in (read.items if isinstance(read, m.JobList) else [read])]
+    def read() -> list[Job]:
+        answer = model.model_validate_json(text)
+        return [client._job(j) for j in (answer.items if page else [answer])]
 
     return {
         "json.loads_us": in_process_us(lambda: json.loads(text), calls),
-        "validate_us": in_process_us(lambda: model.model_validate(body), calls),
-        "validate+wrap_us": in_process_us(wrapped, calls),
+        "validate_us": in_process_us(lambda: model.model_validate_json(text), calls),
+        "validate+bind_us": in_process_us(read, calls),
     }
 
 
@@ -141,8 +139,8 @@ def main() -> None:
         rows.append({"call": f"GET /jobs?limit={PAGE}", **page})
 
     in_process = [
-        {"answer": "one job", **parse_costs(one_text, m.JobRead, client, 2000)},
-        {"answer": f"page of {PAGE}", **parse_costs(page_text, m.JobList, client, 200)},
+        {"answer": "one job", **parse_costs(one_text, False, client, 2000)},
+        {"answer": f"page of {PAGE}", **parse_costs(page_text, True, client, 200)},
     ]
     title = f"client against bare httpx, per call ({args.rounds} rounds of {args.calls})"
     print_table(title, rows)

@@ -82,7 +82,7 @@ class AsyncClient:
 
     async def submit(self, spec: Mapping[str, Any] | Any = None, /, **fields: Any) -> AsyncJob:
         """``Client.submit``."""
-        return self._job(await self._send(api.submit(api.job_fields(spec, fields))))
+        return self._job(await self._send(api.submit(api.job_fields(spec, fields), AsyncJob)))
 
     async def submit_code(
         self,
@@ -103,10 +103,10 @@ class AsyncClient:
                 name: value if isinstance(value, str) else (await self.upload(value)).digest
                 for name, value in files.items()
             }
-        return self._job(await self._send(api.submit(body)))
+        return self._job(await self._send(api.submit(body, AsyncJob)))
 
     async def job(self, job_id: int) -> AsyncJob:
-        return self._job(await self._send(api.job(job_id)))
+        return self._job(await self._send(api.job(job_id, AsyncJob)))
 
     async def jobs(
         self,
@@ -119,12 +119,12 @@ class AsyncClient:
         """``Client.jobs``."""
         seen: int | None = None
         for offset in itertools.count(0, page_size):
-            page = await self._send(
-                api.jobs(status=status, owner=owner, sweep=sweep, limit=page_size, offset=offset)
+            page = await self.jobs_page(
+                status=status, owner=owner, sweep=sweep, limit=page_size, offset=offset
             )
-            for read in api.newer_than_seen(page.items, seen):
-                seen = read.id
-                yield self._job(read)
+            for job in api.newer_than_seen(page.items, seen):
+                seen = job.id
+                yield job
             if len(page.items) < page_size:
                 return
 
@@ -136,17 +136,21 @@ class AsyncClient:
         sweep: int | None = None,
         limit: int = api.PAGE,
         offset: int = 0,
-    ) -> m.JobList:
+    ) -> m.Page[AsyncJob]:
         """``Client.jobs_page``."""
-        return await self._send(
-            api.jobs(status=status, owner=owner, sweep=sweep, limit=limit, offset=offset)
+        call = api.jobs(
+            status=status, owner=owner, sweep=sweep, limit=limit, offset=offset, model=AsyncJob
         )
+        page = await self._send(call)
+        for job in page.items:
+            self._job(job)
+        return page
 
     async def cancel(self, job_id: int) -> AsyncJob:
-        return self._job(await self._send(api.cancel(job_id)))
+        return self._job(await self._send(api.cancel(job_id, AsyncJob)))
 
     async def rerun(self, job_id: int) -> AsyncJob:
-        return self._job(await self._send(api.rerun(job_id)))
+        return self._job(await self._send(api.rerun(job_id, AsyncJob)))
 
     async def wait(self, job_id: int, timeout: float | None = None) -> AsyncJob:
         """``Client.wait``."""
@@ -177,7 +181,7 @@ class AsyncClient:
     ) -> AsyncIterator[m.LogLineRead]:
         """``Client.logs``."""
         while True:
-            finished = follow and (await self._send(api.job(job_id))).status.finished
+            finished = follow and (await self._send(api.job(job_id, AsyncJob))).status.finished
             lines = await self._send(api.logs(job_id, after_seq=after, limit=api.LOGS_PAGE))
             for line in lines:
                 yield line
@@ -284,10 +288,11 @@ class AsyncClient:
     async def submit_sweep(
         self, spec: Mapping[str, Any] | Any = None, /, **fields: Any
     ) -> AsyncSweep:
-        return self._sweep(await self._send(api.submit_sweep(api.job_fields(spec, fields))))
+        call = api.submit_sweep(api.job_fields(spec, fields), AsyncSweep)
+        return self._sweep(await self._send(call))
 
     async def sweep(self, sweep_id: int) -> AsyncSweep:
-        return self._sweep(await self._send(api.sweep(sweep_id)))
+        return self._sweep(await self._send(api.sweep(sweep_id, AsyncSweep)))
 
     async def sweeps(
         self,
@@ -298,12 +303,12 @@ class AsyncClient:
     ) -> AsyncIterator[AsyncSweep]:
         seen: int | None = None
         for offset in itertools.count(0, page_size):
-            page = await self._send(
-                api.sweeps(status=status, owner=owner, limit=page_size, offset=offset)
+            page = await self.sweeps_page(
+                status=status, owner=owner, limit=page_size, offset=offset
             )
-            for read in api.newer_than_seen(page.items, seen):
-                seen = read.id
-                yield self._sweep(read)
+            for sweep in api.newer_than_seen(page.items, seen):
+                seen = sweep.id
+                yield sweep
             if len(page.items) < page_size:
                 return
 
@@ -314,12 +319,16 @@ class AsyncClient:
         owner: str | None = None,
         limit: int = api.PAGE,
         offset: int = 0,
-    ) -> m.SweepList:
+    ) -> m.Page[AsyncSweep]:
         """``Client.sweeps_page``."""
-        return await self._send(api.sweeps(status=status, owner=owner, limit=limit, offset=offset))
+        call = api.sweeps(status=status, owner=owner, limit=limit, offset=offset, model=AsyncSweep)
+        page = await self._send(call)
+        for sweep in page.items:
+            self._sweep(sweep)
+        return page
 
     async def cancel_sweep(self, sweep_id: int) -> AsyncSweep:
-        return self._sweep(await self._send(api.cancel_sweep(sweep_id)))
+        return self._sweep(await self._send(api.cancel_sweep(sweep_id, AsyncSweep)))
 
     # --- blobs ---------------------------------------------------------------------
 
@@ -455,18 +464,20 @@ class AsyncClient:
 
     # --- sending -------------------------------------------------------------------
 
-    def _job(self, read: m.JobRead) -> AsyncJob:
-        return AsyncJob.of(read, self)
+    def _job(self, job: AsyncJob) -> AsyncJob:
+        job._client = self  # what its methods go through
+        return job
 
-    def _sweep(self, read: m.SweepRead) -> AsyncSweep:
-        return AsyncSweep.of(read, self)
+    def _sweep(self, sweep: AsyncSweep) -> AsyncSweep:
+        sweep._client = self
+        return sweep
 
     async def _send(self, call: api.Call[T]) -> T:
         response = await self._request(
             call.method, call.path, params=call.params, json=call.json, headers=call.headers,
             retry=call.retry,
         )  # fmt: skip
-        return call.read(response.json() if response.content else None)
+        return call.read(response.content)
 
     async def _request(
         self, method: str, path: str, *, retry: bool = True, ok: tuple[int, ...] = (), **kw: Any

@@ -93,7 +93,7 @@ class Client:
     def submit(self, spec: Mapping[str, Any] | Any = None, /, **fields: Any) -> Job:
         """Submit a job: a spec (a mapping: recipe, params, strategy, devices, epochs, …)
         and/or those fields as keywords (keywords win)."""
-        return self._job(self._send(api.submit(api.job_fields(spec, fields))))
+        return self._job(self._send(api.submit(api.job_fields(spec, fields), Job)))
 
     def submit_code(
         self,
@@ -116,11 +116,11 @@ class Client:
                 name: value if isinstance(value, str) else self.upload(value).digest
                 for name, value in files.items()
             }
-        return self._job(self._send(api.submit(body)))
+        return self._job(self._send(api.submit(body, Job)))
 
     def job(self, job_id: int) -> Job:
         """One job."""
-        return self._job(self._send(api.job(job_id)))
+        return self._job(self._send(api.job(job_id, Job)))
 
     def jobs(
         self,
@@ -133,12 +133,12 @@ class Client:
         """Every job (of a status, an owner, "me", a sweep), newest first, page by page."""
         seen: int | None = None
         for offset in itertools.count(0, page_size):
-            page = self._send(
-                api.jobs(status=status, owner=owner, sweep=sweep, limit=page_size, offset=offset)
+            page = self.jobs_page(
+                status=status, owner=owner, sweep=sweep, limit=page_size, offset=offset
             )
-            for read in api.newer_than_seen(page.items, seen):
-                seen = read.id
-                yield self._job(read)
+            for job in api.newer_than_seen(page.items, seen):
+                seen = job.id
+                yield job
             if len(page.items) < page_size:
                 return
 
@@ -150,20 +150,24 @@ class Client:
         sweep: int | None = None,
         limit: int = api.PAGE,
         offset: int = 0,
-    ) -> m.JobList:
+    ) -> m.Page[Job]:
         """One page of the listing ``jobs`` reads whole, as the API gives it: its
         ``items`` (newest first) and the ``total`` that match."""
-        return self._send(
-            api.jobs(status=status, owner=owner, sweep=sweep, limit=limit, offset=offset)
+        call = api.jobs(
+            status=status, owner=owner, sweep=sweep, limit=limit, offset=offset, model=Job
         )
+        page = self._send(call)
+        for job in page.items:
+            self._job(job)
+        return page
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a queued job now, or ask the worker to stop a running one (idempotent)."""
-        return self._job(self._send(api.cancel(job_id)))
+        return self._job(self._send(api.cancel(job_id, Job)))
 
     def rerun(self, job_id: int) -> Job:
         """A new job with this one's spec."""
-        return self._job(self._send(api.rerun(job_id)))
+        return self._job(self._send(api.rerun(job_id, Job)))
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
         """The job once it has finished (succeeded, failed or cancelled); ``WaitTimeout``
@@ -195,7 +199,7 @@ class Client:
         until the job has finished."""
         while True:
             # read before the lines: a job finished by then has no line still to come
-            finished = follow and self._send(api.job(job_id)).status.finished
+            finished = follow and self._send(api.job(job_id, Job)).status.finished
             lines = self._send(api.logs(job_id, after_seq=after, limit=api.LOGS_PAGE))
             yield from lines
             if lines:
@@ -306,11 +310,11 @@ class Client:
     def submit_sweep(self, spec: Mapping[str, Any] | Any = None, /, **fields: Any) -> Sweep:
         """Start a sweep: a job spec (``job``), the ``parameters`` to search, ``metric``,
         ``mode``, ``max_trials``, ``search``, ``pruner``…"""
-        return self._sweep(self._send(api.submit_sweep(api.job_fields(spec, fields))))
+        return self._sweep(self._send(api.submit_sweep(api.job_fields(spec, fields), Sweep)))
 
     def sweep(self, sweep_id: int) -> Sweep:
         """One sweep, with every trial."""
-        return self._sweep(self._send(api.sweep(sweep_id)))
+        return self._sweep(self._send(api.sweep(sweep_id, Sweep)))
 
     def sweeps(
         self,
@@ -322,12 +326,10 @@ class Client:
         """Every sweep (of a status, an owner or "me"), newest first, without trials."""
         seen: int | None = None
         for offset in itertools.count(0, page_size):
-            page = self._send(
-                api.sweeps(status=status, owner=owner, limit=page_size, offset=offset)
-            )
-            for read in api.newer_than_seen(page.items, seen):
-                seen = read.id
-                yield self._sweep(read)
+            page = self.sweeps_page(status=status, owner=owner, limit=page_size, offset=offset)
+            for sweep in api.newer_than_seen(page.items, seen):
+                seen = sweep.id
+                yield sweep
             if len(page.items) < page_size:
                 return
 
@@ -338,14 +340,18 @@ class Client:
         owner: str | None = None,
         limit: int = api.PAGE,
         offset: int = 0,
-    ) -> m.SweepList:
+    ) -> m.Page[Sweep]:
         """One page of the listing ``sweeps`` reads whole, as the API gives it, with its
         ``total``."""
-        return self._send(api.sweeps(status=status, owner=owner, limit=limit, offset=offset))
+        call = api.sweeps(status=status, owner=owner, limit=limit, offset=offset, model=Sweep)
+        page = self._send(call)
+        for sweep in page.items:
+            self._sweep(sweep)
+        return page
 
     def cancel_sweep(self, sweep_id: int) -> Sweep:
         """End the sweep and cancel its unfinished trials (idempotent)."""
-        return self._sweep(self._send(api.cancel_sweep(sweep_id)))
+        return self._sweep(self._send(api.cancel_sweep(sweep_id, Sweep)))
 
     # --- blobs ---------------------------------------------------------------------
 
@@ -487,18 +493,20 @@ class Client:
 
     # --- sending -------------------------------------------------------------------
 
-    def _job(self, read: m.JobRead) -> Job:
-        return Job.of(read, self)
+    def _job(self, job: Job) -> Job:
+        job._client = self  # what its methods go through
+        return job
 
-    def _sweep(self, read: m.SweepRead) -> Sweep:
-        return Sweep.of(read, self)
+    def _sweep(self, sweep: Sweep) -> Sweep:
+        sweep._client = self
+        return sweep
 
     def _send(self, call: api.Call[T]) -> T:
         response = self._request(
             call.method, call.path, params=call.params, json=call.json, headers=call.headers,
             retry=call.retry,
         )  # fmt: skip
-        return call.read(response.json() if response.content else None)
+        return call.read(response.content)
 
     def _request(
         self, method: str, path: str, *, retry: bool = True, ok: tuple[int, ...] = (), **kw: Any

@@ -22,14 +22,8 @@ class Job(m.JobRead):
 
     _client: Client = PrivateAttr()
 
-    @classmethod
-    def of(cls, read: m.JobRead, client: Client) -> Job:
-        job = cls.model_construct(**dict(read))
-        job._client = client
-        return job
-
     def _update(self, read: m.JobRead) -> Job:
-        self.__dict__.update(dict(read))
+        self.__dict__.update(read.__dict__)
         return self
 
     def refresh(self) -> Job:
@@ -75,18 +69,12 @@ class Sweep(m.SweepRead):
 
     _client: Client = PrivateAttr()
 
-    @classmethod
-    def of(cls, read: m.SweepRead, client: Client) -> Sweep:
-        sweep = cls.model_construct(**dict(read))
-        sweep._client = client
-        return sweep
-
     def refresh(self) -> Sweep:
-        self.__dict__.update(dict(self._client.sweep(self.id)))
+        self.__dict__.update(self._client.sweep(self.id).__dict__)
         return self
 
     def cancel(self) -> Sweep:
-        self.__dict__.update(dict(self._client.cancel_sweep(self.id)))
+        self.__dict__.update(self._client.cancel_sweep(self.id).__dict__)
         return self
 
     def jobs(self, **filters: Any) -> Iterator[Job]:
@@ -99,14 +87,8 @@ class AsyncJob(m.JobRead):
 
     _client: AsyncClient = PrivateAttr()
 
-    @classmethod
-    def of(cls, read: m.JobRead, client: AsyncClient) -> AsyncJob:
-        job = cls.model_construct(**dict(read))
-        job._client = client
-        return job
-
     def _update(self, read: m.JobRead) -> AsyncJob:
-        self.__dict__.update(dict(read))
+        self.__dict__.update(read.__dict__)
         return self
 
     async def refresh(self) -> AsyncJob:
@@ -148,18 +130,12 @@ class AsyncSweep(m.SweepRead):
 
     _client: AsyncClient = PrivateAttr()
 
-    @classmethod
-    def of(cls, read: m.SweepRead, client: AsyncClient) -> AsyncSweep:
-        sweep = cls.model_construct(**dict(read))
-        sweep._client = client
-        return sweep
-
     async def refresh(self) -> AsyncSweep:
-        self.__dict__.update(dict(await self._client.sweep(self.id)))
+        self.__dict__.update((await self._client.sweep(self.id)).__dict__)
         return self
 
     async def cancel(self) -> AsyncSweep:
-        self.__dict__.update(dict(await self._client.cancel_sweep(self.id)))
+        self.__dict__.update((await self._client.cancel_sweep(self.id)).__dict__)
         return self
 
     def jobs(self, **filters: Any) -> AsyncIterator[AsyncJob]:

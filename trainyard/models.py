@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
 
 
 class Model(BaseModel):
@@ -103,11 +105,17 @@ class JobRead(Model):
     finished_at: datetime | None = None
 
 
-class JobList(Model):
-    items: list[JobRead]
+class Page(Model, Generic[T]):
+    """One page of a listing: its items and how many match in all."""
+
+    items: list[T]
     total: int
     limit: int
     offset: int
+
+
+class JobList(Page[JobRead]):
+    pass
 
 
 class MetricRead(Model):
@@ -268,11 +276,8 @@ class SweepRead(Model):
     finished_at: datetime | None = None
 
 
-class SweepList(Model):
-    items: list[SweepRead]
-    total: int
-    limit: int
-    offset: int
+class SweepList(Page[SweepRead]):
+    pass
 
 
 class Event(Model):

@@ -12,14 +12,17 @@ from service.app import create_app
 from service.settings import Settings
 from trainyard import models
 
-OWN = {"BaseModel", "Model", "Event"}  # bases, and a stream's event (not a schema)
+OWN = {"BaseModel", "Model", "Page", "Event"}  # bases, and a stream's event: not schemas
 
 
 def client_models() -> dict[str, type[BaseModel]]:
     return {
         name: cls
         for name, cls in vars(models).items()
-        if inspect.isclass(cls) and issubclass(cls, BaseModel) and name not in OWN
+        if inspect.isclass(cls)
+        and issubclass(cls, BaseModel)
+        and name not in OWN
+        and "[" not in name  # Page[JobRead]: pydantic names a parametrized page here too
     }
 
 
