@@ -27,6 +27,8 @@ class Action(StrEnum):
     token_created = "token_created"
     token_revoked = "token_revoked"
     blob_deleted = "blob_deleted"  # detail: whether its bytes went, and whose upload
+    webhook_added = "webhook_added"  # detail: where (scheme://host:port only), events
+    webhook_deleted = "webhook_deleted"
 
 
 def record(session: Session, actor: str, action: Action, target: str, **detail: Any) -> None:

@@ -10,6 +10,8 @@ import secrets
 from sqlalchemy import Engine, delete, func
 from sqlmodel import Session, col, select
 
+from service import audit
+from service.audit import Action
 from service.db import write_session
 from service.errors import WebhookNotFound
 from service.settings import Settings
@@ -48,6 +50,11 @@ def create_webhook(
         )
         session.add(row)
         session.flush()
+        # where, as logs show it: a URL's path may be its own secret (a Slack webhook's)
+        audit.record(
+            session, who.name, Action.webhook_added, f"webhook {row.id}",
+            url=address.shown(spec.url), events=row.events, all_users=spec.all_users,
+        )  # fmt: skip
         return WebhookCreated(**_read(row).model_dump(), secret=secret)
 
 
@@ -84,8 +91,12 @@ def get_webhook(session: Session, who: Identity, webhook_id: int) -> WebhookRead
 def delete_webhook(engine: Engine, who: Identity, webhook_id: int) -> None:
     """Delete a webhook and its deliveries (those being sent are sent, not recorded)."""
     with write_session(engine) as session:
-        _visible(session, who, webhook_id)
+        webhook = _visible(session, who, webhook_id)
         session.exec(delete(Webhook).where(col(Webhook.id) == webhook_id))
+        audit.record(
+            session, who.name, Action.webhook_deleted, f"webhook {webhook_id}",
+            owner=webhook.owner,
+        )  # fmt: skip
 
 
 def ping(engine: Engine, who: Identity, webhook_id: int) -> DeliveryRead:

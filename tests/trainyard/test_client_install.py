@@ -92,6 +92,7 @@ def test_the_client_installs_alone_and_talks_to_a_server(tmp_path: Path) -> None
     assert run.returncode == 0, run.stdout + run.stderr
     out = json.loads(run.stdout)
     assert Path(out["file"]).is_relative_to(venv), out["file"]
+    assert (Path(out["file"]).parent / "py.typed").is_file(), "type hints marked for checkers"
     assert out["server_modules"] == []
     assert out["status"] == "succeeded"
     assert out["points"] > 0

@@ -134,3 +134,19 @@ def test_the_routes_are_documented(client: TestClient) -> None:
     fields = schemas["WebhookCreate"]["properties"]
     assert all(fields[f]["description"] for f in ("url", "events", "secret", "all_users"))
     assert "secret" not in schemas["WebhookRead"]["properties"]
+
+
+def test_adding_and_deleting_a_webhook_is_in_the_audit_trail(client: TestClient) -> None:
+    secret_path = "https://93.184.215.14/services/T0/B0/very-secret-part"  # public, no lookup
+    hook = client.post(HOOKS, json={"url": secret_path, "events": ["job.failed"]})
+    assert hook.status_code == 201, hook.text
+    hook_id = hook.json()["id"]
+    assert client.delete(f"{HOOKS}/{hook_id}").status_code == 204
+    events = client.get("/api/v1/audit").json()["items"]
+    added, deleted = (
+        next(e for e in events if e["action"] == action)
+        for action in ("webhook_added", "webhook_deleted")
+    )
+    assert added["target"] == deleted["target"] == f"webhook {hook_id}"
+    assert added["detail"]["events"] == ["job.failed"] and deleted["detail"]["owner"] == "admin"
+    assert "very-secret-part" not in str(added), "a URL's path may be its secret: not recorded"
