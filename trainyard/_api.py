@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from trainyard import models as m
+from trainyard.errors import Unreachable, error_of, retry_after
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -154,7 +157,8 @@ def blobs(*, limit: int, offset: int) -> Call[m.BlobList]:
 
 
 def delete_blob(digest: str) -> Call[None]:
-    return Call("DELETE", blob_path(digest), nothing)
+    # Not sent again after a 503: a first that went through would make it a 404.
+    return Call("DELETE", blob_path(digest), nothing, retry=False)
 
 
 def recipes() -> Call[list[m.RecipeRead]]:
@@ -177,7 +181,9 @@ def users() -> Call[list[m.UserRead]]:
 
 
 def add_user(name: str, admin: bool) -> Call[m.UserRead]:
-    return Call("POST", "/users", one(m.UserRead), json={"name": name, "admin": admin})
+    # Not sent again after a 503: the first may have been committed (a 409 would follow).
+    body = {"name": name, "admin": admin}
+    return Call("POST", "/users", one(m.UserRead), json=body, retry=False)
 
 
 def set_quotas(name: str, change: Mapping[str, int | None]) -> Call[m.UserRead]:
@@ -245,7 +251,9 @@ def metrics_page(
 
 def newer_than_seen(items: list[Any], seen: int | None) -> list[Any]:
     """A newest-first page's items not already yielded: jobs submitted while the listing
-    is read push older ones onto the next page, where they would come twice."""
+    is read push older ones onto the next page, where they would come twice. (Pages are
+    offsets: one that leaves a filtered listing meanwhile, a job of ``status=running``
+    that ends, pulls a later one onto an earlier page, which is then not yielded.)"""
     return [i for i in items if seen is None or i.id < seen]
 
 
@@ -323,8 +331,68 @@ def webhook(webhook_id: int) -> Call[m.WebhookRead]:
 
 
 def delete_webhook(webhook_id: int) -> Call[None]:
-    return Call("DELETE", f"/webhooks/{webhook_id}", nothing)
+    return Call("DELETE", f"/webhooks/{webhook_id}", nothing, retry=False)  # as delete_blob
 
 
 def ping_webhook(webhook_id: int) -> Call[m.DeliveryRead]:
     return Call("POST", f"/webhooks/{webhook_id}/ping", one(m.DeliveryRead), retry=False)
+
+
+# --- the event stream and downloads --------------------------------------------------
+
+RECONNECT_FOR_S = 120.0  # a dropped event stream is opened again for this long, unserved
+RECONNECT_WAIT_S = (0.2, 5.0)  # first and longest pause before opening it again
+NOT_NOW = frozenset({429, 502, 503, 504})  # answers that mean "later": the stream's slot
+# still held for the dropped connection, a proxy's gateway errors, a database outage
+
+
+def is_stream(response: httpx.Response) -> bool:
+    content_type = response.headers.get("content-type", "")
+    return not response.is_error and content_type.startswith("text/event-stream")
+
+
+class Reconnect:
+    """When to open a dropped event stream again: after a pause that doubles up to 5 s,
+    until it has not been served for ``RECONNECT_FOR_S`` (a restarting server, a laptop
+    off its network for a minute); the clock starts again with each event received."""
+
+    def __init__(self) -> None:
+        self.first, self.longest = RECONNECT_WAIT_S
+        self.pause = self.first
+        self.since: float | None = None
+
+    def served(self) -> None:
+        self.since, self.pause = None, self.first
+
+    def dropped(self, what: str, why: Exception) -> float:
+        """The pause before opening again, or ``Unreachable`` if it is time to give up."""
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        if now - self.since > RECONNECT_FOR_S:
+            raise Unreachable(f"{what}: {why}") from why
+        pause, self.pause = self.pause, min(self.pause * 2, self.longest)
+        return pause
+
+    def refused(self, response: httpx.Response) -> float:
+        """A stream not served: an error that means "later" (waited out as its Retry-After
+        says), an answer that is no event stream (a captive portal's page, a proxy's),
+        or an error that is the answer (raised: a job that does not exist, a token
+        refused)."""
+        if response.is_error and response.status_code not in NOT_NOW:
+            raise error_of(response)
+        kind = response.headers.get("content-type", "nothing")
+        why = error_of(response) if response.is_error else Unreachable(f"a {kind} answer")
+        pause = self.dropped("the event stream", why)
+        later = retry_after(response) if response.is_error else None
+        return min(max(pause, later or 0.0), MAX_RETRY_WAIT_S)
+
+
+def download_path(path: str | os.PathLike[str], name: str) -> Path:
+    """Where artifact ``name`` is saved: ``path``, or in it when it is a directory or ends
+    with a separator (made, then, if missing)."""
+    dest = Path(path)
+    if str(path).endswith(("/", os.sep)):
+        dest.mkdir(parents=True, exist_ok=True)
+    if dest.is_dir():
+        dest = dest / PurePosixPath(name).name
+    return dest

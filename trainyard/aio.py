@@ -16,7 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
@@ -29,7 +29,6 @@ from trainyard._sse import EventParser
 from trainyard.client import (
     CHUNK_BYTES,
     FOLLOW_POLL_S,
-    RECONNECT_WAIT_S,
     STREAM_TIMEOUT,
     TIMEOUT_S,
     TRANSFER_TIMEOUT,
@@ -37,7 +36,7 @@ from trainyard.client import (
     Upload,
     shown,
 )
-from trainyard.errors import Unreachable, WaitTimeout, error_of, retry_after
+from trainyard.errors import Unavailable, Unreachable, WaitTimeout, error_of, retry_after
 from trainyard.handles import AsyncJob, AsyncSweep
 from trainyard.packing import Packed, digest_of, pack
 
@@ -156,7 +155,7 @@ class AsyncClient:
         """``Client.wait``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause, longest = WAIT_POLL_S
-        while not (job := await self.job(job_id)).status.finished:
+        while not (job := await self._job_before(job_id, deadline, timeout)).status.finished:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(f"job {job_id} is still {job.status} after {timeout} s")
@@ -195,40 +194,31 @@ class AsyncClient:
 
     async def events(self, job_id: int, *, after: int | None = None) -> AsyncIterator[m.Event]:
         """``Client.events``: resumed after the last event received when dropped."""
-        failures = 0
-        pause, longest = RECONNECT_WAIT_S
+        reconnect = api.Reconnect()
         while True:
             headers = {"Last-Event-ID": str(after)} if after is not None else {}
             try:
                 async with self._http.stream(
                     "GET", api.events_path(job_id), headers=headers, timeout=STREAM_TIMEOUT
                 ) as response:
-                    if response.is_error:
+                    if not api.is_stream(response):
                         await response.aread()
-                        wait = api.retry_wait(
-                            response.status_code, retry_after(response), failures, True,
-                            self.retries,
-                        )  # fmt: skip
-                        if wait is None:
-                            raise error_of(response)
-                        failures += 1
-                        await asyncio.sleep(wait)
+                        await asyncio.sleep(reconnect.refused(response))
                         continue
                     parser = EventParser()
                     async for line in response.aiter_lines():
                         if (event := parser.line(line)) is None:
                             continue
-                        failures = 0
+                        reconnect.served()
                         if event.id is not None:
                             after = event.id
                         yield event
                         if event.kind == "end":
                             return
+                why: Exception = Unreachable("the stream ended before the job's end")
             except httpx.TransportError as exc:
-                failures += 1
-                if failures > self.retries:
-                    raise Unreachable(f"the event stream of job {job_id}: {exc}") from exc
-                await asyncio.sleep(min(pause * 2 ** (failures - 1), longest))
+                why = exc
+            await asyncio.sleep(reconnect.dropped(f"the event stream of job {job_id}", why))
 
     async def artifacts(self, job_id: int) -> list[m.ArtifactRead]:
         return await self._send(api.artifacts(job_id))
@@ -242,9 +232,7 @@ class AsyncClient:
         progress: Callable[[int], None] | None = None,
     ) -> Path:
         """``Client.download``."""
-        dest = Path(path)
-        if dest.is_dir():
-            dest = dest / PurePosixPath(name).name
+        dest = api.download_path(path, name)
         part = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
         try:
             with open(part, "wb") as out:
@@ -278,9 +266,10 @@ class AsyncClient:
                     if progress is not None:
                         progress(len(chunk))
         except httpx.TransportError as exc:
-            raise Unreachable(f"cannot download {name} from {self.url}: {exc}") from exc
-        if expected >= 0 and written != expected:
-            raise Unreachable(f"{name}: {written} of {expected} bytes, the transfer ended")
+            where = shown(self._http.base_url)
+            raise Unreachable(f"cannot download {name} from {where}: {exc}") from exc
+        if expected >= 0 and (got := response.num_bytes_downloaded) != expected:
+            raise Unreachable(f"{name}: {got} of {expected} bytes, the transfer ended")
         return written
 
     # --- sweeps --------------------------------------------------------------------
@@ -472,17 +461,38 @@ class AsyncClient:
         sweep._client = self
         return sweep
 
-    async def _send(self, call: api.Call[T]) -> T:
+    async def _job_before(
+        self, job_id: int, deadline: float | None, timeout: float | None
+    ) -> AsyncJob:
+        """The job, read for ``wait``: ``WaitTimeout`` rather than a read (or its retries)
+        that would end past the deadline."""
+        try:
+            return self._job(await self._send(api.job(job_id, AsyncJob), deadline=deadline))
+        except (Unreachable, Unavailable) as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {job_id} not read before {timeout} s: {exc}") from exc
+            raise
+
+    async def _send(self, call: api.Call[T], deadline: float | None = None) -> T:
         response = await self._request(
             call.method, call.path, params=call.params, json=call.json, headers=call.headers,
-            retry=call.retry,
+            retry=call.retry, deadline=deadline,
         )  # fmt: skip
         return call.read(response.content)
 
     async def _request(
-        self, method: str, path: str, *, retry: bool = True, ok: tuple[int, ...] = (), **kw: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        retry: bool = True,
+        ok: tuple[int, ...] = (),
+        deadline: float | None = None,
+        **kw: Any,
     ) -> httpx.Response:
         for attempt in itertools.count():
+            if deadline is not None:  # no longer than what is left (wait's timeout)
+                kw["timeout"] = max(deadline - time.monotonic(), 0.001)
             try:
                 response = await self._http.request(method, path, **kw)
             except httpx.TransportError as exc:
@@ -492,7 +502,7 @@ class AsyncClient:
             wait = api.retry_wait(
                 response.status_code, retry_after(response), attempt, retry, self.retries
             )
-            if wait is None:
+            if wait is None or (deadline is not None and time.monotonic() + wait > deadline):
                 raise error_of(response)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover (count() never ends)

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
@@ -30,7 +30,14 @@ from trainyard import _api as api
 from trainyard import config
 from trainyard import models as m
 from trainyard._sse import EventParser
-from trainyard.errors import TrainyardError, Unreachable, WaitTimeout, error_of, retry_after
+from trainyard.errors import (
+    TrainyardError,
+    Unavailable,
+    Unreachable,
+    WaitTimeout,
+    error_of,
+    retry_after,
+)
 from trainyard.handles import Job, Sweep
 from trainyard.packing import Packed, digest_of, pack
 
@@ -43,7 +50,6 @@ STREAM_TIMEOUT = httpx.Timeout(30.0, read=60.0)
 CHUNK_BYTES = 2**20
 FOLLOW_POLL_S = 1.0  # logs(follow=True): how often a running job's new lines are read
 WAIT_POLL_S = (0.2, 2.0)  # wait(): first and longest pause between reads of the job
-RECONNECT_WAIT_S = (0.2, 5.0)  # an event stream dropped: first and longest pause
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,7 @@ class Client:
         if it has not after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause, longest = WAIT_POLL_S
-        while not (job := self.job(job_id)).status.finished:
+        while not (job := self._job_before(job_id, deadline, timeout)).status.finished:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(f"job {job_id} is still {job.status} after {timeout} s")
@@ -212,42 +218,34 @@ class Client:
 
     def events(self, job_id: int, *, after: int | None = None) -> Iterator[m.Event]:
         """The job's event stream (status, progress, metric, log; ``end`` last), from the
-        start or after event ``after``. A dropped connection is resumed after the last
-        event received (``Last-Event-ID``): no event missed, none twice."""
-        failures = 0
-        pause, longest = RECONNECT_WAIT_S
+        start or after event ``after``. A dropped connection is opened again and resumed
+        after the last event received (``Last-Event-ID``): no event missed, none twice.
+        ``Unreachable`` once the server has not served it for ``RECONNECT_FOR_S``."""
+        reconnect = api.Reconnect()
         while True:
             headers = {"Last-Event-ID": str(after)} if after is not None else {}
             try:
                 with self._http.stream(
                     "GET", api.events_path(job_id), headers=headers, timeout=STREAM_TIMEOUT
                 ) as response:
-                    if response.is_error:
+                    if not api.is_stream(response):
                         response.read()
-                        wait = api.retry_wait(
-                            response.status_code, retry_after(response), failures, True,
-                            self.retries,
-                        )  # fmt: skip
-                        if wait is None:
-                            raise error_of(response)
-                        failures += 1
-                        time.sleep(wait)
+                        time.sleep(reconnect.refused(response))
                         continue
                     parser = EventParser()
                     for line in response.iter_lines():
                         if (event := parser.line(line)) is None:
                             continue
-                        failures = 0
+                        reconnect.served()
                         if event.id is not None:
                             after = event.id
                         yield event
                         if event.kind == "end":
                             return
+                why: Exception = Unreachable("the stream ended before the job's end")
             except httpx.TransportError as exc:
-                failures += 1
-                if failures > self.retries:
-                    raise Unreachable(f"the event stream of job {job_id}: {exc}") from exc
-                time.sleep(min(pause * 2 ** (failures - 1), longest))
+                why = exc
+            time.sleep(reconnect.dropped(f"the event stream of job {job_id}", why))
 
     def artifacts(self, job_id: int) -> list[m.ArtifactRead]:
         """The job's files: model.safetensors, spec.json, checkpoints, a script's outputs."""
@@ -263,9 +261,7 @@ class Client:
     ) -> Path:
         """Save artifact ``name`` at ``path`` (a file, or a directory to put it in); the
         file appears whole or not at all."""
-        dest = Path(path)
-        if dest.is_dir():
-            dest = dest / PurePosixPath(name).name
+        dest = api.download_path(path, name)
         part = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
         try:
             with open(part, "wb") as out:
@@ -300,9 +296,11 @@ class Client:
                     if progress is not None:
                         progress(len(chunk))
         except httpx.TransportError as exc:
-            raise Unreachable(f"cannot download {name} from {self.url}: {exc}") from exc
-        if expected >= 0 and written != expected:
-            raise Unreachable(f"{name}: {written} of {expected} bytes, the transfer ended")
+            where = shown(self._http.base_url)
+            raise Unreachable(f"cannot download {name} from {where}: {exc}") from exc
+        # what came over the wire, not what it decoded to (a proxy may compress it)
+        if expected >= 0 and (got := response.num_bytes_downloaded) != expected:
+            raise Unreachable(f"{name}: {got} of {expected} bytes, the transfer ended")
         return written
 
     # --- sweeps --------------------------------------------------------------------
@@ -501,18 +499,37 @@ class Client:
         sweep._client = self
         return sweep
 
-    def _send(self, call: api.Call[T]) -> T:
+    def _job_before(self, job_id: int, deadline: float | None, timeout: float | None) -> Job:
+        """The job, read for ``wait``: ``WaitTimeout`` rather than a read (or its retries)
+        that would end past the deadline."""
+        try:
+            return self._job(self._send(api.job(job_id, Job), deadline=deadline))
+        except (Unreachable, Unavailable) as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {job_id} not read before {timeout} s: {exc}") from exc
+            raise
+
+    def _send(self, call: api.Call[T], deadline: float | None = None) -> T:
         response = self._request(
             call.method, call.path, params=call.params, json=call.json, headers=call.headers,
-            retry=call.retry,
+            retry=call.retry, deadline=deadline,
         )  # fmt: skip
         return call.read(response.content)
 
     def _request(
-        self, method: str, path: str, *, retry: bool = True, ok: tuple[int, ...] = (), **kw: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        retry: bool = True,
+        ok: tuple[int, ...] = (),
+        deadline: float | None = None,
+        **kw: Any,
     ) -> httpx.Response:
         """The answer; an ``ApiError`` for an error one (``ok``: codes that are answers)."""
         for attempt in itertools.count():
+            if deadline is not None:  # no longer than what is left (wait's timeout)
+                kw["timeout"] = max(deadline - time.monotonic(), 0.001)
             try:
                 response = self._http.request(method, path, **kw)
             except httpx.TransportError as exc:
@@ -522,7 +539,7 @@ class Client:
             wait = api.retry_wait(
                 response.status_code, retry_after(response), attempt, retry, self.retries
             )
-            if wait is None:
+            if wait is None or (deadline is not None and time.monotonic() + wait > deadline):
                 raise error_of(response)
             time.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover (count() never ends)

@@ -30,12 +30,33 @@ class JobStatus(StrEnum):
     def finished(self) -> bool:
         return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
 
+    @classmethod
+    def _missing_(cls, value: object) -> JobStatus | None:
+        return _unknown(cls, value)
+
 
 class SweepStatus(StrEnum):
     running = "running"  # trials are being started and watched
     finished = "finished"  # every trial it asked for has ended
     cancelled = "cancelled"  # cancelled on request; its unfinished trials were cancelled
     failed = "failed"  # stopped: its first trials all failed, none succeeded
+
+    @classmethod
+    def _missing_(cls, value: object) -> SweepStatus | None:
+        return _unknown(cls, value)
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _unknown(enum: type[E], value: object) -> E | None:
+    """A status a newer server has and this client does not know: kept as it is (a member
+    of no name in the class), so the answer that holds it still reads."""
+    if not isinstance(value, str):
+        return None
+    member = str.__new__(enum, value)
+    member._name_ = member._value_ = value
+    return member
 
 
 class Reason(Model):

@@ -15,7 +15,7 @@ import time
 TIMESTAMP_HEADER = "X-Trainyard-Timestamp"
 SIGNATURE_HEADER = "X-Trainyard-Signature"
 EVENT_HEADER = "X-Trainyard-Event"
-DELIVERY_HEADER = "X-Trainyard-Delivery"  # the same on every retry: receivers dedupe on it
+DELIVERY_HEADER = "X-Trainyard-Delivery"  # the same on every retry (the body's "delivery")
 TOLERANCE_S = 300  # how old a delivery a receiver takes, by default
 
 
@@ -48,5 +48,7 @@ def verify(
         raise BadSignature(f"{TIMESTAMP_HEADER} is not a number of seconds") from exc
     if abs((time.time() if now is None else now) - sent) > tolerance_s:
         raise BadSignature("the delivery is too old (or from the future): a replay?")
-    if not hmac.compare_digest(sign(secret, sent, body), signature):
+    # as bytes: compare_digest refuses str that is not ASCII (a forged header may be)
+    given = signature.encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(sign(secret, sent, body).encode(), given):
         raise BadSignature("the signature does not match the body and the secret")

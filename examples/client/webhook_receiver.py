@@ -1,6 +1,6 @@
 """A webhook receiver in the standard library: it checks each delivery's signature with
 ``trainyard.signatures.verify``, answers 401 to one that fails and 204 to one that passes,
-and prints each event once (a retried delivery carries the same X-Trainyard-Delivery).
+and prints each event once (a retried delivery carries the same signed "delivery" id).
 
     TRAINYARD_WEBHOOK_SECRET=... python examples/client/webhook_receiver.py --port 8080
 
@@ -18,8 +18,6 @@ from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from trainyard.signatures import (
-    DELIVERY_HEADER,
-    EVENT_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     BadSignature,
@@ -68,16 +66,18 @@ class Handler(BaseHTTPRequestHandler):
             print(f"refused a delivery: {exc}", flush=True)
             self.answer(401)
             return
-        delivery = self.headers.get(DELIVERY_HEADER, "")
-        event = self.headers.get(EVENT_HEADER, "?")
+        # what to act on comes from the signed body, not the headers (which are not signed)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = {"text": body.decode(errors="replace")}
+        delivery = str(payload.get("delivery", ""))  # a Slack-format body has none
+        event = payload.get("event", "?")
         if delivery and not self.server.first_time(delivery):
             print(f"delivery {delivery} again ({event}): already handled", flush=True)
         else:
-            try:
-                payload = json.dumps(json.loads(body), separators=(",", ":"))
-            except ValueError:
-                payload = body.decode(errors="replace")
-            print(f"event {event} (delivery {delivery}): {payload}", flush=True)
+            shown = json.dumps(payload, separators=(",", ":"))
+            print(f"event {event} (delivery {delivery}): {shown}", flush=True)
         # 204 for a repeat too: the sender stops retrying once any attempt is answered 2xx
         self.answer(204)
 

@@ -16,7 +16,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Callable
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from service.errors import WebhookAddressRefused
 
@@ -67,6 +67,19 @@ def shown(url: str) -> str:
     return f"{parts.scheme}://{host}:{port}"
 
 
+def masked(url: str, *, secret_path: bool) -> str:
+    """The URL with its password as ``***``, without its query (a token may ride there),
+    and with ``secret_path`` its last path part as ``***`` too (a Slack webhook's token)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    path = parts.path
+    if secret_path and path.rstrip("/"):
+        path = path.rstrip("/").rsplit("/", 1)[0] + "/***"
+    return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
 def check_addresses(host: str, addresses: list[str], allow_private: bool) -> str:
     """The address to connect to for ``host`` (the first it resolved to), once every
     address it resolved to is one the server may send to; else WebhookAddressRefused."""
@@ -75,9 +88,10 @@ def check_addresses(host: str, addresses: list[str], allow_private: bool) -> str
     for address in addresses:
         why = None if allow_private else refusal(ipaddress.ip_address(address))
         if why is not None:
-            named = address if address == host else f"{host} resolves to {address}, which"
+            # a name's address is not said: a user could map the box's internal names
+            named = f"{address} is" if address == host else f"{host} resolves to"
             raise WebhookAddressRefused(
-                f"{named} is a {why} address: webhooks go to public addresses only "
+                f"{named} a {why} address: webhooks go to public addresses only "
                 f"(an operator may allow others with {ALLOW_SETTING})"
             )
     return addresses[0]

@@ -14,7 +14,7 @@ dedupe on X-Trainyard-Delivery.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,8 +49,8 @@ class Claimed:
     attempts: int  # made before this one
     claimed_until: datetime  # the claim's fence
     webhook_id: int
-    url: str
-    secret: str
+    url: str = field(repr=False)  # its path may be a secret (a Slack webhook's)
+    secret: str = field(repr=False)  # never in a log line that prints a claim
     format: WebhookFormat
 
 

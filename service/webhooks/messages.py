@@ -22,10 +22,12 @@ REASON_SHOWN = 200  # characters of a failure's reason in a Slack line
 
 
 def body(claimed: Claimed) -> bytes:
-    """The bytes POSTed: the payload, or for Slack ``{"text": <one line>}``."""
+    """The bytes POSTed: the payload with its delivery's id (under the signature, so a
+    captured delivery cannot be passed off as another by changing a header), or for
+    Slack ``{"text": <one line>}``."""
     if claimed.format == WebhookFormat.slack:
         return json.dumps({"text": slack_text(claimed.payload)}).encode()
-    return json.dumps(claimed.payload, separators=(",", ":")).encode()
+    return json.dumps({"delivery": claimed.id, **claimed.payload}, separators=(",", ":")).encode()
 
 
 def headers(claimed: Claimed, content: bytes, timestamp: int) -> dict[str, str]:

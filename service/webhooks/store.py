@@ -23,6 +23,7 @@ from service.webhooks.models import (
     WebhookCreate,
     WebhookCreated,
     WebhookDelivery,
+    WebhookFormat,
     WebhookList,
     WebhookRead,
 )
@@ -55,7 +56,8 @@ def create_webhook(
             session, who.name, Action.webhook_added, f"webhook {row.id}",
             url=address.shown(spec.url), events=row.events, all_users=spec.all_users,
         )  # fmt: skip
-        return WebhookCreated(**_read(row).model_dump(), secret=secret)
+        # the create's answer shows the URL whole, as given; reads do not (see _read)
+        return WebhookCreated(**{**_read(row).model_dump(), "url": spec.url}, secret=secret)
 
 
 def list_webhooks(
@@ -116,4 +118,8 @@ def _visible(session: Session, who: Identity, webhook_id: int) -> Webhook:
 
 
 def _read(webhook: Webhook) -> WebhookRead:
-    return WebhookRead.model_validate(webhook, from_attributes=True)
+    """A webhook as reads show it: its URL without a password or query, and a Slack
+    webhook's without its last part (Slack's secret): credentials, shown once, at create."""
+    read = WebhookRead.model_validate(webhook, from_attributes=True)
+    read.url = address.masked(webhook.url, secret_path=webhook.format == WebhookFormat.slack)
+    return read

@@ -79,6 +79,8 @@ def test_a_job_from_submit_to_download(stack: Stack, yard: Client, tmp_path: Pat
     assert saved.read_bytes() == served
     assert saved.stat().st_size == artifacts["model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".part")) == []
+    into = job.download("model.safetensors", f"{tmp_path / 'new'}/")  # a folder, made
+    assert into == tmp_path / "new" / "model.safetensors" and into.read_bytes() == served
     with pytest.raises(NotFound):
         job.download("no-such-file.bin", tmp_path / "x.bin")
     assert not (tmp_path / "x.bin").exists()
@@ -139,6 +141,18 @@ class Cutter:
                     s.shutdown(socket.SHUT_RDWR)
             self.live = []
 
+    def refuse_for(self, seconds: float) -> None:
+        """Cut every connection and refuse new ones for ``seconds`` (a server restarting),
+        then listen again on the same port."""
+        self.listener.close()
+        self.cut()
+
+        def reopen() -> None:
+            self.listener = socket.create_server(("127.0.0.1", self.port))
+            threading.Thread(target=self._accept, daemon=True).start()
+
+        threading.Timer(seconds, reopen).start()
+
     def close(self) -> None:
         self.cut()
         self.listener.close()
@@ -158,9 +172,9 @@ def test_an_event_stream_cut_mid_job_resumes_with_no_gap_and_no_duplicate(stack:
             before = 0
             for event in job.events():
                 seen.append(event)
-                if len(seen) == 25:  # while the job runs
+                if len(seen) == 25:  # while the job runs: gone for longer than a blip
                     before = cutter.accepted
-                    cutter.cut()
+                    cutter.refuse_for(3.0)
             after = cutter.accepted
     finally:
         cutter.close()
@@ -235,15 +249,18 @@ def test_errors_are_exceptions_carrying_the_apis_detail(
 
 
 class Counting(httpx.HTTPTransport):
-    """The real transport, noting each answer's status code."""
+    """The real transport, noting each answer's status code, and telling ``on_503``."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_503: threading.Event) -> None:
         super().__init__()
         self.codes: list[int] = []
+        self.on_503 = on_503
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         response = super().handle_request(request)
         self.codes.append(response.status_code)
+        if response.status_code == 503:
+            self.on_503.set()
         return response
 
 
@@ -265,9 +282,8 @@ def test_a_503_is_waited_out_and_sent_again(tmp_path: Path, postgres_url: str) -
             down.wait(30)
             with Client(stack.url, retries=0) as impatient, pytest.raises(Unavailable):
                 impatient.job(job.id)
-            counting = Counting()
+            counting = Counting(on_503=back)  # the database is back once it answered 503
             with Client(stack.url, transport=counting) as patient:
-                threading.Timer(0.5, back.set).start()  # the database is back meanwhile
                 assert patient.job(job.id).id == job.id
             assert counting.codes == [503, 200], "waited Retry-After, then sent again"
         finally:

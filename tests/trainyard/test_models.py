@@ -51,3 +51,13 @@ def test_statuses_are_the_apis(tmp_path: Path) -> None:
     schemas = create_app(settings).openapi()["components"]["schemas"]
     assert [s.value for s in models.JobStatus] == schemas["JobStatus"]["enum"]
     assert [s.value for s in models.SweepStatus] == schemas["SweepStatus"]["enum"]
+
+
+def test_a_status_this_client_does_not_know_still_reads() -> None:
+    """A newer server's status: the answer that holds it is read, the status kept as is."""
+    read = models.JobRead.model_validate_json(
+        b'{"id": 1, "owner": "a", "status": "paused", "created_at": "2026-12-02T00:00:00Z"}'
+    )
+    assert read.status == "paused" and not read.status.finished
+    assert models.SweepStatus("resting") == "resting"
+    assert list(models.JobStatus)[-1] == models.JobStatus.cancelled, "members unchanged"

@@ -150,3 +150,12 @@ def test_adding_and_deleting_a_webhook_is_in_the_audit_trail(client: TestClient)
     assert added["target"] == deleted["target"] == f"webhook {hook_id}"
     assert added["detail"]["events"] == ["job.failed"] and deleted["detail"]["owner"] == "admin"
     assert "very-secret-part" not in str(added), "a URL's path may be its secret: not recorded"
+
+
+def test_reads_show_no_credential_of_a_url(client: TestClient) -> None:
+    given = "https://bob:hunter2@93.184.215.14/services/T0/B0/slack-token?key=k1"
+    hook = client.post(HOOKS, json={"url": given, "format": "slack"})
+    assert hook.status_code == 201 and hook.json()["url"] == given, "shown whole once"
+    shown = client.get(f"{HOOKS}/{hook.json()['id']}").json()["url"]
+    assert shown == "https://bob:***@93.184.215.14/services/T0/B0/***"
+    assert client.get(HOOKS).json()["items"][0]["url"] == shown

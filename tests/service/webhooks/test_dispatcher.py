@@ -69,7 +69,7 @@ def test_a_delivery_is_signed_and_sent_once(
     assert h["Host"] == f"127.0.0.1:{receiver.port}"
     body = got.json
     assert body["event"] == "job.cancelled" and body["job"]["id"] == job_id
-    assert "delivery" not in body
+    assert body["delivery"] == delivery["id"], "the id is signed with the body"
     assert delivery["state"] == "delivered" and delivery["attempts"] == 1
     assert delivery["last_status_code"] == 200 and delivery["delivered_at"]
     dispatch()  # nothing due: nothing sent again
@@ -165,7 +165,8 @@ def test_a_claimed_delivery_is_no_one_elses_until_its_lease_runs_out(
     [first] = deliveries.claim_due(engine, 10, lease_s=60)
     assert deliveries.claim_due(engine, 10, lease_s=60) == []  # another process finds none
     with write_session(engine) as session:  # the first process stalled past its lease
-        session.execute(update(WebhookDelivery).values(claimed_until=utcnow()))
+        lapsed = utcnow() - timedelta(seconds=1)
+        session.execute(update(WebhookDelivery).values(claimed_until=lapsed))
     [second] = deliveries.claim_due(engine, 10, lease_s=60)
     assert second.id == first.id and second.claimed_until != first.claimed_until
     sent = Attempt(delivered=True, status_code=200)
