@@ -76,6 +76,7 @@ class Dispatcher:
         self._in_flight: dict[asyncio.Task[None], Claimed] = {}
         self._ended_since_prune = 0
         self._pruned_at = time.monotonic()
+        self._claims_failing = False  # the last claim failed (logged once per outage)
         if not any(isinstance(f, _UrlsShownBare) for f in _HTTPX_LOG.filters):
             _HTTPX_LOG.addFilter(_UrlsShownBare())
 
@@ -138,9 +139,16 @@ class Dispatcher:
             claims = await anyio.to_thread.run_sync(
                 deliveries.claim_due, self._engine, free, lease_s
             )
-        except Exception:  # the database may be down for a while: try again next time
-            log.exception("webhook dispatcher: claiming due deliveries failed")
+        except Exception as exc:  # the database may be down for a while: try next time
+            if not self._claims_failing:  # once per outage, not once a poll
+                log.exception("webhook dispatcher: claiming due deliveries failed")
+            else:
+                log.debug("webhook dispatcher: claiming still fails: %s", exc)
+            self._claims_failing = True
             return 0
+        if self._claims_failing:
+            log.info("webhook dispatcher: claiming works again")
+            self._claims_failing = False
         for claimed in claims:
             task = asyncio.create_task(self._deliver(client, claimed))
             self._in_flight[task] = claimed
