@@ -365,7 +365,7 @@ class AsyncClient:
 
     async def blobs(self, *, page_size: int = api.PAGE) -> AsyncIterator[m.BlobRead]:
         for offset in itertools.count(0, page_size):
-            page = await self._send(api.blobs(limit=page_size, offset=offset))
+            page = await self.blobs_page(limit=page_size, offset=offset)
             for blob in page.items:
                 yield blob
             if len(page.items) < page_size:

@@ -400,7 +400,7 @@ class Client:
     def blobs(self, *, page_size: int = api.PAGE) -> Iterator[m.BlobRead]:
         """Every stored blob, newest first, with the jobs that use it."""
         for offset in itertools.count(0, page_size):
-            page = self._send(api.blobs(limit=page_size, offset=offset))
+            page = self.blobs_page(limit=page_size, offset=offset)
             yield from page.items
             if len(page.items) < page_size:
                 return
