@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.objects.location import Location
+
 # A token is all that stands between the network and running code on the box.
 MIN_TOKEN_CHARS = 16
 MAKE_A_TOKEN = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
@@ -240,6 +242,40 @@ class Settings(BaseSettings):
         "(out_of_memory) instead of the kernel killing some process.",
     )
 
+    # Object storage: checkpoints and artifacts where every box reaches them.
+    storage_url: str | None = Field(
+        None,
+        description="s3://bucket/prefix: checkpoints are uploaded there as they are written "
+        "and a resumed attempt on any box downloads the newest whole one; artifacts land "
+        "there and the API serves them; a job across boxes checkpoints there instead of "
+        "SHARED_DIR. The endpoint and credentials are boto3's: AWS_ENDPOINT_URL (MinIO, "
+        "Ceph), AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, a role. Unset: "
+        "everything stays in DATA_DIR.",
+    )
+    storage_redirect: bool = Field(
+        False,
+        description="Answer an artifact download from the store with a redirect to a "
+        "presigned URL (clients fetch it from the store itself) instead of streaming it "
+        "through the API: for stores the clients reach.",
+    )
+    storage_link_s: int = Field(
+        300, ge=10, le=7 * 24 * 3600, description="How long a presigned artifact URL is good."
+    )
+    storage_sync_s: float = Field(
+        1.0,
+        gt=0,
+        le=300,
+        description="How often a worker looks for new checkpoint files to upload.",
+    )
+    storage_flush_s: float = Field(
+        120.0,
+        ge=0,
+        le=24 * 3600,
+        description="How long an attempt's end waits for its last checkpoint and artifacts "
+        "to be uploaded before the job moves on (they stay on the box's disk, and the "
+        "worker keeps trying, should the store be unreachable).",
+    )
+
     # Jobs across boxes (nodes > 1, workers sharing PostgreSQL): see docs/architecture.md.
     shared_dir: Path | None = Field(
         None,
@@ -379,6 +415,13 @@ class Settings(BaseSettings):
                 f"make one with: {MAKE_A_TOKEN}"
             )
         return value
+
+    @field_validator("storage_url")
+    @classmethod
+    def _storage_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        return str(Location.parse(value.strip()))
 
     @property
     def cache_path(self) -> Path:
