@@ -17,6 +17,7 @@ from service.migrate import upgrade
 from service.models import Worker
 from service.settings import Settings
 from tests.databases import empty, throwaway_postgres
+from tests.object_store import OTHER_AWS_VARS, MotoProcess, S3Server, moto_process, s3_server
 
 TESTS_DIR = Path(__file__).parent
 RECIPES_DIR = TESTS_DIR / "recipes_dir"
@@ -36,6 +37,25 @@ def postgres_url() -> Iterator[str]:
     """This run's PostgreSQL database (skipped where there is no server, unless required)."""
     with throwaway_postgres() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoProcess]:
+    """This run's S3-compatible server (moto, in memory), started once, stopped at the end."""
+    with moto_process(tmp_path_factory.mktemp("moto")) as process:
+        yield process
+
+
+@pytest.fixture
+def s3(moto: MotoProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    """A fresh bucket and prefix on it behind a relay this test may stop and start; the
+    ``AWS_`` variables point boto3 at it for the test."""
+    with s3_server(moto) as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        for name in OTHER_AWS_VARS:
+            monkeypatch.delenv(name, raising=False)
+        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -4,8 +4,6 @@ errors as exceptions, a 503 waited out, and an event stream that survives a cut 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 from tests.databases import empty
 from tests.e2e.conftest import one_database
 from tests.e2e.test_database_outage import database_down
+from tests.relay import Cutter
 from tests.service.webhooks.receiver import receiving
 from tests.stack import Stack, free_port, running_stack, wait_for
 from trainyard import (
@@ -96,66 +95,6 @@ def test_a_job_from_submit_to_download(stack: Stack, yard: Client, tmp_path: Pat
     assert [j.id for j in yard.jobs(page_size=1)] == [again.id, job.id]
     assert [j.id for j in yard.jobs(status="succeeded")] == [job.id]
     assert [j.id for j in yard.jobs(owner="me", status=S.cancelled)] == [again.id]
-
-
-class Cutter:
-    """A TCP relay to the server whose connections can be cut, as a flaky network would."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.accepted = 0
-        self.live: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                inside, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            outside = socket.create_connection(("127.0.0.1", self.target))
-            with self.lock:
-                self.accepted += 1
-                self.live += [inside, outside]
-            for a, b in ((inside, outside), (outside, inside)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                s.close()
-
-    def cut(self) -> None:
-        with self.lock:
-            for s in self.live:
-                with contextlib.suppress(OSError):  # already gone
-                    s.shutdown(socket.SHUT_RDWR)
-            self.live = []
-
-    def refuse_for(self, seconds: float) -> None:
-        """Cut every connection and refuse new ones for ``seconds`` (a server restarting),
-        then listen again on the same port."""
-        self.listener.close()
-        self.cut()
-
-        def reopen() -> None:
-            self.listener = socket.create_server(("127.0.0.1", self.port))
-            threading.Thread(target=self._accept, daemon=True).start()
-
-        threading.Timer(seconds, reopen).start()
-
-    def close(self) -> None:
-        self.cut()
-        self.listener.close()
 
 
 @one_database("sqlite")
