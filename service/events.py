@@ -16,7 +16,6 @@ many an API process serves, per user and in all.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import anyio
 from anyio import to_thread
 from fastapi.sse import EventSourceResponse, format_sse_event
 from sqlalchemy import Engine, RowMapping, Table, select
@@ -132,7 +132,10 @@ class _Feed:
         self.ended = start.ended
         self.recent: deque[Event] = deque()
         self.watchers = 0
-        self.changed = asyncio.Condition()
+        # Set, and replaced by a new one, whenever the feed moves: a watcher waits on the
+        # one it saw. (An event, not a Condition: a watcher cancelled while it waits has
+        # no lock to take back, which under Python 3.11's wait_for could be left held.)
+        self.changed = asyncio.Event()
         self.task = asyncio.create_task(self._poll())
 
     def after(self, cursor: int) -> list[Event] | None:
@@ -158,16 +161,18 @@ class _Feed:
                     self.start = self.recent.popleft().id
                 self.position, self.ended = batch.position, batch.ended
                 if batch.events or batch.ended:
-                    async with self.changed:
-                        self.changed.notify_all()
+                    self._announce()
                 if not batch.more:  # a busy job would otherwise be polled back to back
                     await asyncio.sleep(self.feeds.poll_s)
         except Exception as exc:  # the database went away: watchers read on their own
             log.warning("event feed of job %s stopped: %s", self.job_id, exc)
         finally:
             self.feeds.close(self)
-            async with self.changed:
-                self.changed.notify_all()  # watchers then read on their own
+            self._announce()  # watchers then read on their own
+
+    def _announce(self) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
 
     async def wait(self, cursor: int, timeout: float) -> None:
         """Until the feed passes ``cursor`` or ``timeout`` (a poll interval, once the feed
@@ -175,10 +180,10 @@ class _Feed:
         if self.task.done():
             await asyncio.sleep(min(timeout, self.feeds.poll_s))
             return
-        async with self.changed:
-            if self.position <= cursor and not self.ended:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.changed.wait(), timeout)
+        changed = self.changed
+        if self.position <= cursor and not self.ended:
+            with anyio.move_on_after(timeout):
+                await changed.wait()
 
 
 class StreamSlots:
