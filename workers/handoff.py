@@ -56,6 +56,9 @@ class JobSettings(BaseModel):
     data_dir: Path
     recipes_dir: Path | None
     shared_dir: Path | None
+    # checkpoints go to the object store (its worker uploads them, and downloads the
+    # newest before an attempt): a job across boxes keeps them in its own folder too
+    checkpoints_in_store: bool = False
     cache_dir: Path
     requirements_timeout_s: float
     advertise_address: str
@@ -72,7 +75,8 @@ class JobSettings(BaseModel):
         return cls(
             data_dir=data_dir,
             recipes_dir=None if settings.recipes_dir is None else settings.recipes_dir.resolve(),
-            shared_dir=settings.shared_dir,
+            shared_dir=None if settings.storage_url else settings.shared_dir,
+            checkpoints_in_store=settings.storage_url is not None,
             cache_dir=settings.cache_path,
             requirements_timeout_s=settings.requirements_timeout_s,
             advertise_address=settings.advertise_address,

@@ -121,10 +121,11 @@ class JobFiles:
         return sorted((self.root / self.runner).glob(f"attempt-{attempt}-rank-*-error.json"))
 
 
-def shared_checkpoints(job: Job, shared_dir: Path | None) -> str | None:
+def shared_checkpoints(job: Job, shared_dir: Path | None, *, in_store: bool = False) -> str | None:
     """A job across boxes' checkpoint folder, in the folder every box shares (None for a
-    job on one box: its own folder's)."""
-    if job.nodes == 1:
+    job on one box, and where checkpoints go to the object store (``in_store``): its own
+    folder's, which the worker keeps in the store)."""
+    if job.nodes == 1 or in_store:
         return None
     if shared_dir is None:  # the supervisor joins no gang without one
         raise NotRetryable(

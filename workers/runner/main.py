@@ -188,6 +188,7 @@ def prepare(
         attempt=args.attempt,
         package=package,
         shared_dir=settings.shared_dir,
+        in_store=settings.checkpoints_in_store,
         node=args.node,
     )
     _record(spec.files, args.attempt, environment.record(spec, recipe, worker_id=job.worker_id))

@@ -67,7 +67,7 @@ def prepare(
     assert job.id is not None and job.code is not None and job.entrypoint is not None
     files = JobFiles.of(settings.data_dir, job.id, None if node is None else node.node)
     # across boxes, kept where the next attempt's nodes find it, on any box
-    shared = shared_checkpoints(job, settings.shared_dir)
+    shared = shared_checkpoints(job, settings.shared_dir, in_store=settings.checkpoints_in_store)
     checkpoints = files.checkpoints if shared is None else Path(shared)
     for folder in (files.output, checkpoints):
         folder.mkdir(parents=True, exist_ok=True)

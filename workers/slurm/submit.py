@@ -31,9 +31,10 @@ def write_attempt(
     job, fence = attempt.job, attempt.fence
     handoff = Handoff(
         job=job.model_dump(mode="json", exclude={"lease_token"}),
-        # a job across nodes checkpoints in its own folder: DATA_DIR is shared
+        # a job across nodes checkpoints in its own folder: DATA_DIR is shared (a Slurm
+        # worker keeps nothing in the object store: the cluster's filesystem is shared)
         settings=JobSettings.of(settings).model_copy(
-            update={"shared_dir": settings.data_dir.resolve()}
+            update={"shared_dir": settings.data_dir.resolve(), "checkpoints_in_store": False}
         ),
     )
     # What an earlier run of this attempt number left (a preempted attempt keeps its

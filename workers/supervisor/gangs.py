@@ -62,11 +62,11 @@ class Gangs:
 
     @property
     def enabled(self) -> bool:
-        """Whether this worker takes part: with a shared folder, on PostgreSQL (the API
-        refuses jobs across boxes on SQLite), on a private network."""
-        return (
-            self.settings.shared_dir is not None and not is_sqlite(self.engine) and not self.public
-        )
+        """Whether this worker takes part: with a shared folder or the object store (where
+        the next attempt's nodes find the checkpoints), on PostgreSQL (the API refuses
+        jobs across boxes on SQLite), on a private network."""
+        shared = self.settings.shared_dir is not None or self.settings.storage_url is not None
+        return shared and not is_sqlite(self.engine) and not self.public
 
     def check_address(self) -> None:
         """Refuse to start with an ADVERTISE_ADDRESS that is not this box's: every gang

@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import IO
 
 from service.models import Job
+from service.objects.store import StoreError
 from service.settings import Settings
 from service.store import Claim
 from workers.env_allowlist import inherited, withheld
-from workers.errors import NotRetryable, describe
+from workers.errors import NotRetryable, NotTheJobs, describe
 from workers.handoff import Handoff, JobAccount
 from workers.jobfiles import JobFiles, shared_checkpoints
 from workers.supervisor import inputs, nofollow
 from workers.supervisor.attempt import Attempt, HandOffGuard, Process
 from workers.supervisor.cache_budget import Holds
+from workers.supervisor.checkpoint_sync import CheckpointSync
 from workers.supervisor.gangs import Start
 from workers.supervisor.gpu_share import ALLOC_CONF, alloc_conf
 from workers.supervisor.walls import Walls
@@ -118,6 +120,7 @@ class Launcher:
         walls: Walls | None = None,
         account: JobAccount | None = None,
         holds: Holds | None = None,
+        checkpoints: CheckpointSync | None = None,
     ) -> Attempt:
         """Start the job's runner: forked from the warm zygote, or as a fresh interpreter.
         ``gpus``: the physical ids of the CUDA ``devices`` (``Box.physical``);
@@ -126,7 +129,9 @@ class Launcher:
         ``node``: this worker's node of a job across boxes; ``walls``: what keeps the
         job from the box (none given: it runs as this worker, on the box's network);
         ``account``: what its processes run as (``walls.account_for``); ``holds``: the
-        attempt's on the cache entries its inputs are (``CacheBudget.holds``)."""
+        attempt's on the cache entries its inputs are (``CacheBudget.holds``);
+        ``checkpoints``: the attempt's sync with the object store, restored before the
+        runner is handed its job and started then."""
         # A job handed back keeps its attempt number: what its last run left must not
         # speak for this one (a stale "preempted" would hand a crashed runner back again).
         place = None if node is None else node.node
@@ -163,17 +168,16 @@ class Launcher:
             os.close(stdin)
         walls = walls or Walls(None, False, "")
         isolated = walls.network and node is None  # a job across boxes uses the network
-        guard = HandOffGuard()
+        attempt = Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
+        attempt.cache_holds = holds
         threading.Thread(
             target=self._hand_off,
-            args=(hand_off, job, files, walls, account, isolated, gpu_memory_fraction, guard),
-            kwargs={"holds": holds},
+            args=(hand_off, job, files, walls, account, isolated, gpu_memory_fraction),
+            kwargs={"guard": attempt.hand_off, "holds": holds, "checkpoints": checkpoints,
+                    "note": attempt.note},
             name=f"hand-off-{claim.fence.job_id}",
             daemon=True,
-        ).start()
-        attempt = Attempt(claim, devices, process, stdout, stderr, on_exit, claimed_at=claimed_at)
-        attempt.hand_off = guard
-        attempt.cache_holds = holds
+        ).start()  # fmt: skip
         return attempt
 
     def _hand_off(
@@ -185,12 +189,16 @@ class Launcher:
         account: JobAccount | None,
         isolated: bool,
         gpu_fraction: float | None,
+        *,
         guard: HandOffGuard,
         holds: Holds | None,
+        checkpoints: CheckpointSync | None,
+        note: Callable[[str], None],
     ) -> None:
-        """Place the job's inputs and hand its folder to its account, then write the
-        runner's hand-off (or why that failed: the runner reports it as the attempt's
-        failure, in the folder it was handed either way)."""
+        """Place the job's inputs and its checkpoints (from the object store), and hand
+        its folder to its account, then write the runner's hand-off (or why that failed:
+        the runner reports it as the attempt's failure, in the folder it was handed
+        either way)."""
         try:
             handoff = Handoff.of(
                 job,
@@ -205,6 +213,11 @@ class Launcher:
             except Exception as exc:
                 log.warning("job %s: its inputs could not be placed: %s", job.id, exc)
                 handoff.inputs_error = describe(exc)
+            if checkpoints is not None and handoff.inputs_error is None:
+                try:
+                    restore_checkpoints(checkpoints, job, note)
+                except NotTheJobs as exc:
+                    handoff.inputs_error = describe(exc)
             with guard.lock:  # not once the attempt has ended and its folder was taken back
                 if not guard.ended:
                     try:
@@ -222,7 +235,9 @@ class Launcher:
     def _shared_folder(self, job: Job) -> Path | None:
         """A job across boxes' checkpoint folder, in the folder every box shares."""
         try:
-            shared = shared_checkpoints(job, self.settings.shared_dir)
+            shared = shared_checkpoints(
+                job, self.settings.shared_dir, in_store=self.settings.storage_url is not None
+            )
         except NotRetryable:
             return None  # the runner says so
         return None if shared is None else Path(shared)
@@ -258,6 +273,39 @@ class Launcher:
         """Stop the zygote (runners, each in its own session, are not affected)."""
         if self.zygote is not None:
             self.zygote.close()
+
+
+# How long an attempt's start tries to read the store's newest checkpoint before it
+# gives up (and the attempt is retried), for a job that may have one.
+RESTORE_TRIES_S = 30.0
+
+
+def restore_checkpoints(checkpoints: CheckpointSync, job: Job, note: Callable[[str], None]) -> None:
+    """The job's newest whole checkpoint from the store into its folder, then its sync
+    started. A store that cannot be read fails the attempt (retried: the box's failure,
+    not the job's) rather than let it start over and upload an earlier checkpoint over a
+    later one; a job that has not made progress yet starts without it."""
+    deadline = time.monotonic() + RESTORE_TRIES_S
+    while True:
+        try:
+            said = checkpoints.restore(always=job.nodes > 1)
+            break
+        except (StoreError, OSError) as exc:
+            if job.progress_seq == 0:  # it never reported a step: nothing to resume
+                said = (
+                    f"checkpoints: the object store could not be read ({exc}); "
+                    "this job has made no progress yet: starting from the beginning"
+                )
+                break
+            if time.monotonic() > deadline:
+                raise NotTheJobs(
+                    f"checkpoints: the object store could not be read for "
+                    f"{RESTORE_TRIES_S:.0f}s: {exc}"
+                ) from exc
+            time.sleep(2.0)
+    if said:
+        note(said)
+    checkpoints.start()
 
 
 def runner_env() -> dict[str, str]:

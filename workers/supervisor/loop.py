@@ -25,15 +25,18 @@ from typing import Any
 
 from service import catalog, jobspec, store
 from service.db import make_engine
-from service.models import Accelerator, JobStatus, Worker, utcnow
+from service.models import Accelerator, Job, JobStatus, Worker, utcnow
+from service.objects.store import ObjectStore
+from service.reasons import ReasonCode
 from service.settings import Settings
 from service.wakeup import JobListener, can_listen
-from workers.jobfiles import JobFiles
+from workers.jobfiles import CHECKPOINTS, JobFiles
 from workers.outcome import StopReason, decide
 from workers.recipes import Recipe, SkippedSource, find_recipes
 from workers.supervisor import gpu_share
 from workers.supervisor.attempt import Attempt
 from workers.supervisor.cache_budget import CacheBudget
+from workers.supervisor.checkpoint_sync import CheckpointSync
 from workers.supervisor.devices import Box
 from workers.supervisor.gangs import Gangs, Start
 from workers.supervisor.launch import Launcher
@@ -41,6 +44,7 @@ from workers.supervisor.lease import Leases
 from workers.supervisor.outage import DatabaseWatch
 from workers.supervisor.preemptor import Preemptor
 from workers.supervisor.reporter import DbReporter, runner_report
+from workers.supervisor.uploads import EndUploads
 from workers.supervisor.walls import Walls
 
 log = logging.getLogger(__name__)
@@ -90,6 +94,8 @@ class Supervisor:
         self.worker_id = worker_id or settings.worker_id or platform.node()
         self.poll_interval_s = poll_interval_s
         self.attempts: dict[int, Attempt] = {}
+        self.checkpoints: dict[int, CheckpointSync] = {}  # by job, with the store only
+        self.uploads: dict[int, EndUploads] = {}  # by job: an ended attempt's last uploads
         self._wake = threading.Event()
         self._stopping = False
         self._stop_now = False
@@ -110,6 +116,8 @@ class Supervisor:
         self.database = DatabaseWatch()
         self.preemptor = Preemptor(self.engine, settings)
         self.gangs = Gangs(self.engine, settings, self.worker_id)  # jobs across boxes
+        # Checkpoints and artifacts where every box reaches them (None: DATA_DIR only).
+        self.objects = ObjectStore(settings.storage_url) if settings.storage_url else None
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
             JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
@@ -282,11 +290,37 @@ class Supervisor:
             if (
                 attempt.finished()
                 and self.box.released(attempt, now, self.settings.kill_grace_s)
+                and self._uploaded(attempt)
                 and self.database.call(partial(self._finish, attempt))
             ):
                 del self.attempts[job_id]  # else: recorded on a later tick
+                self.checkpoints.pop(job_id, None)
+                self.uploads.pop(job_id, None)
                 if attempt.cache_holds is not None:  # its cache entries may be evicted now
                     attempt.cache_holds.release()
+
+    def _uploaded(self, attempt: Attempt) -> bool:
+        """Whether what an ended attempt left is in the object store, or given up on (the
+        uploads start in a thread the first time this is asked)."""
+        sync = self.checkpoints.get(attempt.job_id)
+        if sync is None:
+            return True
+        if attempt.stop_reason == StopReason.lease_lost:
+            sync.close()  # the job is another worker's now: nothing more of ours goes up
+            return True
+        uploads = self.uploads.get(attempt.job_id)
+        if uploads is None:
+            files = JobFiles.of(self.settings.data_dir, attempt.job_id, attempt.node)
+            report = runner_report(files, attempt.fence.attempt)
+            leader = attempt.node is None or (report is not None and report.leader)
+            uploads = self.uploads[attempt.job_id] = EndUploads(
+                sync,
+                artifacts=leader,
+                timeout_s=self.settings.storage_flush_s,
+                note=attempt.note,
+                on_done=self._wake.set,
+            )
+        return uploads.done.is_set()
 
     def _uids_in_use(self) -> set[int]:
         """The uids this worker's running attempts have (TRAINYARD_JOB_UIDS)."""
@@ -397,6 +431,7 @@ class Supervisor:
             walls=self.walls,
             account=account,
             holds=self.cache.holds(),
+            checkpoints=self._checkpoint_sync(claim, job, node),
         )
         attempt.account = account
         files = JobFiles.of(
@@ -414,6 +449,42 @@ class Supervisor:
         ).start()
         self.attempts[claim.fence.job_id] = attempt
         return attempt
+
+    def _checkpoint_sync(
+        self, claim: store.Claim, job: Job, node: Start | None
+    ) -> CheckpointSync | None:
+        """The attempt's checkpoint folder kept in the object store, if there is one."""
+        if self.objects is None:
+            return None
+        fence = claim.fence
+        root = JobFiles.of(self.settings.data_dir, fence.job_id).root
+        sync = CheckpointSync(
+            self.objects,
+            job_id=fence.job_id,
+            attempt=fence.attempt,
+            node=0 if node is None else node.node,
+            root=root,
+            folder=root / CHECKPOINTS,
+            interval_s=self.settings.storage_sync_s,
+            on_trouble=partial(self._storage_trouble, fence),
+        )
+        self.checkpoints[fence.job_id] = sync
+        return sync
+
+    def _storage_trouble(self, fence: store.Fence, why: str | None) -> None:
+        """Say in the job's log and reason that its checkpoints wait on this box's disk
+        (``why``), or that they go up again (None). Called from the sync's thread."""
+        attempt = self.attempts.get(fence.job_id)
+        if why is not None:
+            text = (
+                f"checkpoints wait on {self.worker_id}'s disk: {why}; uploading them "
+                "once the object store answers"
+            )
+        else:
+            text = f"running on {self.worker_id}; checkpoints go to the object store again"
+        if attempt is not None:
+            attempt.note(text)
+        store.record_executor(self.engine, fence, reason=(ReasonCode.running, text))
 
     def _preempt(self) -> None:
         """Stop running jobs here that a long-waiting job outranks, if it then fits."""

@@ -60,6 +60,20 @@ def read(root: Path, path: Path, limit: int, offset: int = 0) -> bytes | None:
         return f.read(limit)
 
 
+def open_file(root: Path, path: Path) -> int:
+    """A descriptor of the regular file ``path`` (below ``root``), for reading. A link on
+    the way or in its place: OSError (ELOOP); anything but a regular file: OSError."""
+    relative = path.relative_to(root)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with _parent(root, relative) as parent:
+        fd = os.open(relative.name, flags, dir_fd=parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def write(root: Path, path: Path, data: bytes, owner: tuple[int, int] | None = None) -> None:
     """``path`` (below ``root``) whole, by a new file renamed over it (a link in its place
     is replaced, not followed); ``owner``: the (uid, gid) it is given."""

@@ -105,6 +105,7 @@ def resolve(
     attempt: int = 1,
     package: Path | None = None,
     shared_dir: Path | None = None,
+    in_store: bool = False,
     node: int | None = None,
 ) -> tuple[RunSpec, BaseModel]:
     """The job's spec for this worker (``auto`` made concrete) and its validated params."""
@@ -141,6 +142,6 @@ def resolve(
         attempt=attempt,
         nodes=job.nodes,
         node=node,
-        checkpoint_dir=shared_checkpoints(job, shared_dir),
+        checkpoint_dir=shared_checkpoints(job, shared_dir, in_store=in_store),
     )
     return spec, params

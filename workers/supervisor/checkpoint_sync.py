@@ -1,0 +1,302 @@
+"""A job's checkpoints in the object store: uploaded as they are written, downloaded
+where an attempt resumes. The supervisor does both: it holds the store's credentials,
+and a job's processes never do (nor reach the store: their network is loopback only).
+
+Training never waits for the store. Rank 0 (or a script) writes its checkpoint to the
+job's folder on this box's disk, as without a store; a ``CheckpointSync`` thread per
+attempt sees the folder change and uploads it, the files first and then a manifest
+naming them (``service.objects.layout``), so only a checkpoint whole in the store counts.
+While the store cannot be reached the checkpoints wait on this disk (the folder holds
+what the job keeps, the recipes' two newest: that is the bound) and the sync tries again,
+saying so in the job's log and reason; the newest folder state goes up once it answers.
+
+A file is uploaded once per version: a version is its inode, size and modification time
+(a checkpoint written whole is a new inode, renamed into place), so a folder of two
+checkpoints where one is new sends one file. Each file is opened before it is sent and
+read from that descriptor: a newer checkpoint renamed over it meanwhile does not mix
+into the upload.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from service.objects import layout
+from service.objects.layout import Manifest, StoredFile
+from service.objects.store import ObjectStore, StoreError
+from workers.supervisor import nofollow
+
+log = logging.getLogger(__name__)
+
+# After a failed upload the sync waits this long, doubling to the most, before the next.
+RETRY_FIRST_S = 1.0
+RETRY_MOST_S = 30.0
+
+
+class Version(NamedTuple):
+    """One version of a file: a file rewritten whole is another inode."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+# A checkpoint folder's files by name (relative, with /), as they are now.
+Snapshot = dict[str, Version]
+
+
+def scan(folder: Path) -> Snapshot:
+    """The regular files below ``folder``, by relative name; hidden names (files being
+    written, ``.x.tmp-pid``) and links left out, none followed."""
+    found: Snapshot = {}
+    for directory, subdirs, names in os.walk(folder):  # never descends into a linked dir
+        here = Path(directory)
+        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
+        for name in names:
+            if name.startswith("."):
+                continue
+            try:
+                st = os.lstat(here / name)
+            except FileNotFoundError:
+                continue  # pruned meanwhile
+            if stat.S_ISREG(st.st_mode):
+                rel = (here / name).relative_to(folder).as_posix()
+                found[rel] = Version(st.st_ino, st.st_size, st.st_mtime_ns)
+    return found
+
+
+@dataclass
+class Synced:
+    """What the store holds of this folder: the keys of the versions uploaded (or
+    downloaded) by this attempt, and the folder as the last manifest named it."""
+
+    keys: dict[Version, str] = field(default_factory=dict)
+    published: Snapshot | None = None
+
+
+class CheckpointSync:
+    """One attempt's checkpoint folder, kept in the store; its thread starts once the
+    folder has been restored (``restore``), before the runner is handed its job."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        job_id: int,
+        attempt: int,
+        node: int,
+        root: Path,
+        folder: Path,
+        interval_s: float,
+        on_trouble: Callable[[str | None], None],
+    ) -> None:
+        """``root``: the job's folder (nothing is opened through a link below it);
+        ``folder``: its checkpoint folder; ``on_trouble``: told why uploads wait (a
+        sentence), and None once they work again."""
+        self.store = store
+        self.job_id, self.attempt, self.node = job_id, attempt, node
+        self.root, self.folder = root, folder
+        self.interval_s = interval_s
+        self.on_trouble = on_trouble
+        self.synced = Synced()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one upload at a time: the thread's, or the flush's
+        self._life = threading.Lock()  # start against flush and close
+        self._closed = False  # the attempt ended: the thread does not start after that
+        self._thread: threading.Thread | None = None
+        self.trouble: str | None = None
+
+    # -- resume ---------------------------------------------------------------------------
+
+    def restore(self, *, always: bool) -> str | None:
+        """Make the checkpoint folder the newest whole one in the store, unless this box's
+        is newer (written after it and not uploaded yet; ``always``: take the store's
+        anyway, as every node of a job across boxes must resume from the same one).
+        Returns what was done, for the job's log; StoreError when the store cannot say."""
+        manifest = layout.newest_checkpoint(self.store, self.job_id)
+        if manifest is None:
+            return None
+        local = scan(self.folder)
+        wanted = {f.name: f.size for f in manifest.files}
+        if {name: v.size for name, v in local.items()} == wanted:
+            self._learn(manifest, local)
+            return None
+        newest_local = max((v.mtime_ns for v in local.values()), default=0) / 1e9
+        if local and not always and newest_local > manifest.written_at:
+            return (
+                f"checkpoints: this box's are newer than the store's (written "
+                f"{_clock(newest_local)}, the store's {_clock(manifest.written_at)}): "
+                "resuming from them, uploading them"
+            )
+        self._download(manifest)
+        self._learn(manifest, scan(self.folder))
+        total = sum(f.size for f in manifest.files)
+        return (
+            f"checkpoints: resuming from the store's newest ({len(manifest.files)} files, "
+            f"{total / 1e6:.1f} MB, attempt {manifest.attempt})"
+        )
+
+    def _download(self, manifest: Manifest) -> None:
+        """The manifest's files into a new folder beside the checkpoint folder, then that
+        folder in its place: whole, or the old one left as it was."""
+        staging = self.root / f".checkpoints-restore-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            for stored in manifest.files:
+                target = staging / stored.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.store.download(stored.key, target, stored.size)
+            staging.mkdir(exist_ok=True)  # a manifest of no files: an empty folder
+            old = self.root / f".checkpoints-old-{os.getpid()}"
+            if self.folder.is_symlink() or self.folder.exists():
+                os.replace(self.folder, old)  # a link is moved, not followed
+            os.replace(staging, self.folder)
+            if old.is_symlink():
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _learn(self, manifest: Manifest, local: Snapshot) -> None:
+        """The folder as the manifest names it: those versions need no upload."""
+        keys = manifest.by_name()
+        for name, version in local.items():
+            if name in keys and keys[name].size == version.size:
+                self.synced.keys[version] = keys[name].key
+        self.synced.published = local
+
+    # -- upload ---------------------------------------------------------------------------
+
+    def start(self) -> CheckpointSync:
+        """Watch the folder from now on; nothing, once the attempt has ended (it ended
+        while its checkpoints were being restored, before it trained)."""
+        with self._life:
+            if not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"checkpoints-{self.job_id}", daemon=True
+                )
+                self._thread.start()
+        return self
+
+    def _end(self) -> threading.Thread | None:
+        """Stop the thread; the thread that ran, if one did."""
+        with self._life:
+            self._closed = True
+            thread = self._thread
+        self._stop.set()
+        if thread is not None:
+            thread.join()
+        return thread
+
+    def _run(self) -> None:
+        seen: Snapshot | None = None
+        wait = self.interval_s
+        while not self._stop.wait(wait):
+            now = scan(self.folder)
+            # A folder is sent once it held still for an interval: a script may write a
+            # file in place, over more than one interval.
+            still, seen = now == seen, now
+            if not still or not self._pending(now):
+                wait = self.interval_s
+                continue
+            if self._upload(now):
+                wait = self.interval_s
+            else:
+                wait = min(max(wait * 2, RETRY_FIRST_S), RETRY_MOST_S)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Stop the thread and upload the folder as the attempt left it, trying until
+        ``timeout_s``: whether the store holds it now (an attempt that never started
+        training wrote nothing to keep)."""
+        if self._end() is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        wait = RETRY_FIRST_S
+        while True:
+            now = scan(self.folder)
+            if not self._pending(now):
+                return True
+            if self._upload(now):
+                return True
+            if time.monotonic() + wait > deadline:
+                return False
+            time.sleep(wait)
+            wait = min(wait * 2, RETRY_MOST_S)
+
+    def _pending(self, now: Snapshot) -> bool:
+        """Whether the folder differs from what the store holds of it (an empty folder
+        of a job that never checkpointed differs from nothing)."""
+        if self.synced.published is None:
+            return bool(now)
+        return now != self.synced.published
+
+    def close(self) -> None:
+        """Stop the thread, uploading nothing more (the lease is gone)."""
+        self._end()
+
+    def _upload(self, snapshot: Snapshot) -> bool:
+        """The snapshot's new versions, then its manifest; whether it is in the store
+        (False: the store failed, said once through ``on_trouble``; or the folder
+        changed under the upload, tried again at the next look)."""
+        with self._lock:
+            try:
+                files = [self._send(name, version) for name, version in sorted(snapshot.items())]
+                if any(f is None for f in files):
+                    return False
+                manifest = Manifest(
+                    job_id=self.job_id,
+                    attempt=self.attempt,
+                    node=self.node,
+                    written_at=time.time(),
+                    files=[f for f in files if f is not None],
+                )
+                layout.publish_checkpoint(self.store, manifest)
+            except StoreError as exc:
+                self._troubled(f"{exc}")
+                return False
+            except OSError as exc:  # the folder is the job's: a file swapped meanwhile
+                log.info("job %s: checkpoint folder changed under its upload: %s", self.job_id, exc)
+                return False
+            self.synced.published = snapshot
+            self._troubled(None)
+            return True
+
+    def _send(self, name: str, version: Version) -> StoredFile | None:
+        """One file's version in the store (sent now, or earlier); None when the file is
+        no longer that version."""
+        key = self.synced.keys.get(version)
+        if key is not None:
+            return StoredFile(name=name, key=key, size=version.size)
+        fd = nofollow.open_file(self.root, self.folder / name)
+        with os.fdopen(fd, "rb") as file:
+            st = os.fstat(fd)
+            if Version(st.st_ino, st.st_size, st.st_mtime_ns) != version:
+                return None  # replaced since the scan: the next look sends the new one
+            key = layout.checkpoint_file_key(self.job_id, name)
+            self.store.put_file(key, file)
+        self.synced.keys[version] = key
+        return StoredFile(name=name, key=key, size=version.size)
+
+    def _troubled(self, why: str | None) -> None:
+        """Say once that uploads wait, and once that they work again."""
+        if why == self.trouble or (why is not None and self.trouble is not None):
+            return
+        self.trouble = why
+        try:
+            self.on_trouble(why)
+        except Exception:  # the database may be away too: the log says it meanwhile
+            log.exception("job %s: could not record the store's trouble", self.job_id)
+
+
+def _clock(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
