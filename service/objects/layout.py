@@ -129,8 +129,10 @@ def _read(store: ObjectStore, key: str, job_id: int) -> Manifest | None:
             log.warning("job %s: manifest %s is unreadable, passed over: %s", job_id, key, exc)
             return None
         raise  # unreachable, or gone meanwhile: the caller's to handle
-    if manifest.job_id != job_id:
-        log.warning("job %s: manifest %s names job %s, passed over", job_id, key, manifest.job_id)
+    if manifest.job_id != job_id or any(
+        not f.key.startswith(job_prefix(job_id)) for f in manifest.files
+    ):  # a bucket edited by hand: nothing outside this job's keys is read, or pruned
+        log.warning("job %s: manifest %s names another job's keys, passed over", job_id, key)
         return None
     return manifest
 

@@ -162,8 +162,15 @@ class ObjectStore:
         for start in range(0, len(keys), 1000):  # S3's most per request
             batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
             with _errors(keys[start]):
-                self.client.delete_objects(
+                answer = self.client.delete_objects(
                     Bucket=self.location.bucket, Delete={"Objects": batch, "Quiet": True}
+                )
+            refused = answer.get("Errors") or []  # S3 answers 200 and lists what it kept
+            if refused:
+                first = refused[0]
+                raise StoreError(
+                    f"the object store kept {len(refused)} objects it was asked to delete: "
+                    f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
                 )
 
     def presign(self, key: str, *, filename: str, expires_s: int) -> str:
@@ -185,8 +192,11 @@ class ObjectStore:
 
     def check(self) -> None:
         """Fail now, saying why, if the bucket cannot be reached or read (at start)."""
-        with _errors(""):
-            self.client.head_bucket(Bucket=self.location.bucket)
+        try:
+            with _errors(""):
+                self.client.head_bucket(Bucket=self.location.bucket)
+        except ObjectMissing as exc:  # HEAD's 404 carries no code to tell a bucket by
+            raise StoreError(f"the object store has no bucket {self.location.bucket}") from exc
 
 
 def _custom_endpoint() -> bool:
@@ -208,6 +218,10 @@ class _errors:
         if isinstance(exc, botocore.exceptions.ClientError):
             error = exc.response.get("Error", {})
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            if error.get("Code") == "NoSuchBucket":
+                raise StoreError(
+                    f"the object store has no bucket {error.get('BucketName')}"
+                ) from exc
             if status == 404 or error.get("Code") in ("NoSuchKey", "404", "NotFound"):
                 raise ObjectMissing(f"no object {self.key!r} in the store") from exc
             if status >= 500:

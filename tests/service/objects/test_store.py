@@ -173,17 +173,13 @@ def test_a_store_made_in_the_tests_environment_reaches_the_same_bucket(s3: S3Ser
     assert ObjectStore(s3.url).get_bytes("shared", limit=10) == b"1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store.py maps every 404 to ObjectMissing, NoSuchBucket and head_bucket's too",
-)
 def test_a_missing_bucket_is_refused_not_taken_for_a_missing_object(s3: S3Server) -> None:
     store = s3.store("s3://no-such-bucket-here/")
     with pytest.raises(StoreError, match="no-such-bucket-here") as refused:
         store.check()
     assert type(refused.value) is StoreError
-    with pytest.raises(StoreError) as refused:
-        store.size("k")  # not None: the bucket is gone, not the object
+    with pytest.raises(StoreError, match="no bucket") as refused:
+        store.get_bytes("k", limit=10)  # the bucket is gone, not the object
     assert type(refused.value) is StoreError
 
 
