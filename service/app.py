@@ -37,6 +37,7 @@ from service.catalog import CatalogCache
 from service.dashboard import mount_dashboard
 from service.db import make_engine
 from service.events import JobFeeds
+from service.objects.store import ObjectStore
 from service.owner_only import hide_process
 from service.settings import Settings
 from service.sweeps.driver import DRIVE_INTERVAL_S, Driver
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.blobs = BlobStore.from_settings(settings)
     app.state.sweeps_wakeup = None  # the driver's, made in the lifespan's event loop
     app.state.webhooks_wakeup = None  # the webhook dispatcher's, likewise
+    app.state.objects = None  # the object store (TRAINYARD_STORAGE_URL), made in the lifespan
 
     app.state.instruments = Instruments(app.state.engine, settings.fair_share_half_life_s)
     app.include_router(health.router)
@@ -142,6 +144,11 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    if settings.storage_url:
+        # boto3 reads its configuration and loads S3's model here (in a thread: that takes
+        # a moment), and asks the store nothing: the API starts while it is unreachable.
+        app.state.objects = await anyio.to_thread.run_sync(ObjectStore, settings.storage_url)
     sweeper = asyncio.create_task(_sweep_blobs(app), name="blob sweeper")
     stop = asyncio.Event()
     driver = None
@@ -171,6 +178,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             # claims are handed back (their DB work runs in threads, as the driver's).
             stop.set()
             await dispatcher
+        if app.state.objects is not None:
+            app.state.objects.client.close()
+            app.state.objects = None
 
 
 async def _sweep_blobs(app: FastAPI) -> None:

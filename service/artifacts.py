@@ -44,15 +44,22 @@ def list_artifacts(data_dir: Path, job_id: int) -> list[ArtifactRead]:
     return sorted(found, key=lambda a: a.name)
 
 
+def is_artifact_name(name: str) -> bool:
+    """A path below a job's folder that a listing may show: no hidden part (working files,
+    a job's inputs), no ``..``, not absolute."""
+    parts = Path(name).parts
+    return bool(parts) and not any(p.startswith(".") or p in ("..", "/") for p in parts)
+
+
 def open_artifact(data_dir: Path, job_id: int, name: str) -> tuple[BinaryIO, int]:
     """The artifact's file, open, and its size; refuses anything outside the job's folder
     and any path through a symbolic link, checked as it is opened: each folder on the way
     is opened with O_NOFOLLOW relative to the one before, so a job's code cannot swap a
     file for a link between the check and the read (a job may run as another account
     than the API, and link to what the API can read and it cannot)."""
-    parts = Path(name).parts
-    if not parts or any(p.startswith(".") or p in ("..", "/") for p in parts):
+    if not is_artifact_name(name):
         raise ArtifactNotFound(f"job {job_id} has no artifact {name!r}")
+    parts = Path(name).parts
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(job_dir(data_dir, job_id), flags | os.O_DIRECTORY)

@@ -22,6 +22,7 @@ from service.api.guard import MISSING_TOKEN
 from service.blobs import BlobStore
 from service.catalog import Catalog, CatalogCache
 from service.models import MAX_INT64, NulFreeStr
+from service.objects.store import ObjectStore
 from service.settings import Settings
 from service.users import Identity
 
@@ -63,7 +64,14 @@ async def get_blob_store(request: Request) -> BlobStore:
     return store
 
 
+async def get_objects(request: Request) -> ObjectStore | None:
+    # None unless TRAINYARD_STORAGE_URL is set (made in the lifespan).
+    objects: ObjectStore | None = getattr(request.app.state, "objects", None)
+    return objects
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+ObjectsDep = Annotated[ObjectStore | None, Depends(get_objects)]
 BlobStoreDep = Annotated[BlobStore, Depends(get_blob_store)]
 CatalogDep = Annotated[Catalog, Depends(get_catalog)]
 FreshCatalogDep = Annotated[Catalog, Depends(get_fresh_catalog)]

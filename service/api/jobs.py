@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import mimetypes
 from collections.abc import AsyncIterator, Iterator
 from pathlib import PurePosixPath
@@ -26,7 +27,7 @@ from fastapi import (
     status,
 )
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
+from fastapi.responses import RedirectResponse, StreamingResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from sqlalchemy import Engine
 from sqlmodel import col, select
@@ -39,6 +40,7 @@ from service.api.deps import (
     CatalogsDep,
     EngineDep,
     IdentityDep,
+    ObjectsDep,
     OwnerFilter,
     PageLimit,
     PageOffset,
@@ -46,6 +48,7 @@ from service.api.deps import (
     owner_named,
     pooled,
 )
+from service.api.errors import RETRY_AFTER_S
 from service.api.responses import (
     GUARDED,
     JOB_NOT_FOUND,
@@ -53,9 +56,10 @@ from service.api.responses import (
     QUEUE_FULL,
     SPEC_REFUSED,
     WRITE,
+    Responses,
     error,
 )
-from service.artifacts import ArtifactRead, list_artifacts, open_artifact
+from service.artifacts import ArtifactNotFound, ArtifactRead, list_artifacts, open_artifact
 from service.audit import Action
 from service.catalog import waiting_reason
 from service.db import read_session
@@ -76,7 +80,11 @@ from service.models import (
     MetricRead,
     NulFreeStr,
 )
+from service.objects.store import ObjectMissing, ObjectStore, StoreError, StoreUnreachable
+from service.stored_artifacts import find_stored, merged, stored_files
 from service.users import Identity
+
+log = logging.getLogger(__name__)
 
 # An artifact streams in pieces this large (a checkpoint may be many GiB).
 ARTIFACT_CHUNK_BYTES = 2**20
@@ -367,38 +375,126 @@ async def job_events(
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@router.get("/{job_id}/artifacts", summary="List a job's artifacts", responses=JOB_NOT_FOUND)
+# Where the store holds a job's files, the routes below may answer these too.
+STORE_FAILED: Responses = {
+    502: error("The object store refused the API's request (its credentials, its bucket)"),
+    503: error(
+        "The database or the object store is unreachable: try again after Retry-After seconds",
+        headers={"Retry-After": {"schema": {"type": "integer"}, "example": RETRY_AFTER_S}},
+    ),
+}
+
+
+# A download's answers of its own.
+DOWNLOAD_ANSWERS: Responses = {
+    200: {"content": {"application/octet-stream": {}}, "description": "Its bytes."},
+    307: {
+        "description": "With TRAINYARD_STORAGE_REDIRECT, an artifact only the object "
+        "store holds: Location is a presigned URL of it, good for "
+        "TRAINYARD_STORAGE_LINK_S seconds. Send no Authorization header there.",
+        "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}},
+    },
+    404: error("No such job, or it has no artifact of this name"),
+}
+
+
+@router.get(
+    "/{job_id}/artifacts",
+    summary="List a job's artifacts",
+    responses=JOB_NOT_FOUND | STORE_FAILED,
+)
 @pooled
-def get_artifacts(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> list[ArtifactRead]:
-    """Final model (model.safetensors), resolved spec (spec.json) and checkpoints."""
+def get_artifacts(
+    job_id: JobId, engine: EngineDep, settings: SettingsDep, objects: ObjectsDep
+) -> list[ArtifactRead]:
+    """Final model (model.safetensors), resolved spec (spec.json) and checkpoints: the
+    files in this box's folder of the job and, with TRAINYARD_STORAGE_URL, those in the
+    object store (its final artifacts and newest whole checkpoint, from whichever box ran
+    it); this box's copy on a name both have. While the store is unreachable, this box's
+    files alone; a 503 if it has none."""
     _job_exists(job_id, engine)
-    return list_artifacts(settings.data_dir, job_id)
+    local = list_artifacts(settings.data_dir, job_id)
+    if objects is None:
+        return local
+    try:
+        stored = stored_files(objects, job_id)
+    except StoreError as exc:
+        if not local:
+            raise _store_failed(exc) from exc
+        log.warning("job %s: its artifacts listed without the object store's: %s", job_id, exc)
+        return local
+    return merged(local, stored)
 
 
 @router.get(
     "/{job_id}/artifacts/{name:path}",
     summary="Download an artifact",
     response_class=StreamingResponse,
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "Its bytes."},
-        404: error("No such job, or it has no artifact of this name"),
-    },
+    responses=DOWNLOAD_ANSWERS | STORE_FAILED,
 )
 def download_artifact(
-    job_id: JobId, name: NulFreeStr, engine: EngineDep, settings: SettingsDep
-) -> StreamingResponse:
-    """The artifact's bytes."""
+    job_id: JobId,
+    name: NulFreeStr,
+    engine: EngineDep,
+    settings: SettingsDep,
+    objects: ObjectsDep,
+    sec_fetch_site: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Response:
+    """The artifact's bytes: from this box's folder of the job, else (with
+    TRAINYARD_STORAGE_URL) from the object store, streamed through the API or, with
+    TRAINYARD_STORAGE_REDIRECT, by a redirect to the store itself. A browser's request
+    (the dashboard's, which sends its token in a header) is streamed either way: a page
+    following the redirect would need the bucket to allow its origin (CORS)."""
     _job_exists(job_id, engine)
-    file, size = open_artifact(settings.data_dir, job_id, name)
-    filename = quote(PurePosixPath(name).name)
+    try:
+        file, size = open_artifact(settings.data_dir, job_id, name)
+    except ArtifactNotFound:
+        if objects is None:
+            raise
+        redirect = settings.storage_redirect and sec_fetch_site is None
+        return _from_store(objects, job_id, name, link_s=settings.storage_link_s if redirect else 0)
     return StreamingResponse(
-        _chunks(file),
-        media_type=mimetypes.guess_type(name)[0] or "application/octet-stream",
-        headers={
-            "Content-Length": str(size),
-            "Content-Disposition": f"attachment; filename*=utf-8''{filename}",
-        },
+        _chunks(file), media_type=_media_type(name), headers=_saved_as(name, size)
     )
+
+
+def _from_store(objects: ObjectStore, job_id: int, name: str, *, link_s: int) -> Response:
+    """Artifact ``name`` from the store: a redirect to a link good for ``link_s`` seconds,
+    or (``link_s`` 0) its bytes streamed. Blocks on the store: called in the pool."""
+    try:
+        stored = find_stored(objects, job_id, name)
+        if link_s:
+            filename = PurePosixPath(name).name
+            url = objects.presign(stored.key, filename=filename, expires_s=link_s)
+            # The link is a credential while it lasts: no cache keeps the answer.
+            return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
+        pieces, size = objects.stream(stored.key)
+    except ObjectMissing as exc:  # dropped since its manifest was read (a newer checkpoint)
+        raise ArtifactNotFound(f"job {job_id} has no artifact {name!r}") from exc
+    except StoreError as exc:
+        raise _store_failed(exc) from exc
+    return StreamingResponse(pieces, media_type=_media_type(name), headers=_saved_as(name, size))
+
+
+def _store_failed(exc: StoreError) -> HTTPException:
+    """A store that did not answer: 503, try again later; one that refused: 502."""
+    if isinstance(exc, StoreUnreachable):
+        detail = f"the object store is unreachable; try again in a while ({exc})"
+        return HTTPException(503, detail, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return HTTPException(502, f"the object store refused the API's request: {exc}")
+
+
+def _media_type(name: str) -> str:
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+def _saved_as(name: str, size: int) -> dict[str, str]:
+    """A download's length, and the file name a browser saves it under."""
+    filename = quote(PurePosixPath(name).name)
+    return {
+        "Content-Length": str(size),
+        "Content-Disposition": f"attachment; filename*=utf-8''{filename}",
+    }
 
 
 def _chunks(file: BinaryIO) -> Iterator[bytes]:
