@@ -387,6 +387,27 @@ class Reconnect:
         return min(max(pause, later or 0.0), MAX_RETRY_WAIT_S)
 
 
+def store_request(response: httpx.Response, timeout: httpx.Timeout) -> httpx.Request | None:
+    """For a download the API answered with a redirect (to the object store, where it keeps
+    the artifact): the request to send there, bare. None of the client's headers go: its
+    token is the API's alone, and a presigned URL carries its own credentials. Built here,
+    not left to httpx, whose redirect keeps Authorization from http to https on one host."""
+    location = response.headers.get("Location")
+    if not response.is_redirect or not location:
+        return None
+    return httpx.Request(
+        "GET", response.url.join(location), extensions={"timeout": timeout.as_dict()}
+    )
+
+
+def check_length(response: httpx.Response, name: str) -> None:
+    """``Unreachable`` unless the whole body came: what came over the wire, not what it
+    decoded to (a proxy may compress it), against its Content-Length."""
+    expected = int(response.headers.get("Content-Length", -1))
+    if expected >= 0 and (got := response.num_bytes_downloaded) != expected:
+        raise Unreachable(f"{name}: {got} of {expected} bytes, the transfer ended")
+
+
 def download_path(path: str | os.PathLike[str], name: str) -> Path:
     """Where artifact ``name`` is saved: ``path``, or in it when it is a directory or ends
     with a separator (made, then, if missing)."""

@@ -251,25 +251,43 @@ class AsyncClient:
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """``Client.download_to``."""
+        where = shown(self._http.base_url)
         try:
             async with self._http.stream(
                 "GET", api.artifact_path(job_id, name), timeout=TRANSFER_TIMEOUT
             ) as response:
-                if response.is_error:
-                    await response.aread()
-                    raise error_of(response)
-                expected = int(response.headers.get("Content-Length", -1))
-                written = 0
-                async for chunk in response.aiter_bytes(CHUNK_BYTES):
-                    out.write(chunk)
-                    written += len(chunk)
-                    if progress is not None:
-                        progress(len(chunk))
+                to_store = api.store_request(response, TRANSFER_TIMEOUT)
+                if to_store is None:
+                    return await self._save(response, name, out, progress)
+            where = f"the object store at {to_store.url.host}"  # never its signed query
+            response = await self._http.send(
+                to_store, stream=True, auth=None, follow_redirects=True
+            )
+            try:
+                return await self._save(response, name, out, progress)
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
-            where = shown(self._http.base_url)
             raise Unreachable(f"cannot download {name} from {where}: {exc}") from exc
-        if expected >= 0 and (got := response.num_bytes_downloaded) != expected:
-            raise Unreachable(f"{name}: {got} of {expected} bytes, the transfer ended")
+
+    @staticmethod
+    async def _save(
+        response: httpx.Response,
+        name: str,
+        out: BinaryIO,
+        progress: Callable[[int], None] | None,
+    ) -> int:
+        """``Client._save``."""
+        if response.is_error:
+            await response.aread()
+            raise error_of(response)
+        written = 0
+        async for chunk in response.aiter_bytes(CHUNK_BYTES):
+            out.write(chunk)
+            written += len(chunk)
+            if progress is not None:
+                progress(len(chunk))
+        api.check_length(response, name)
         return written
 
     # --- sweeps --------------------------------------------------------------------
