@@ -14,7 +14,9 @@ A file is uploaded once per version: a version is its inode, size and modificati
 (a checkpoint written whole is a new inode, renamed into place), so a folder of two
 checkpoints where one is new sends one file. Each file is opened before it is sent and
 read from that descriptor: a newer checkpoint renamed over it meanwhile does not mix
-into the upload.
+into the upload, and one written to in place meanwhile (its size or time changed) is sent
+again at the next look. A script whose checkpoint is several files should write each
+whole (a temp name, then a rename) and the set in an order that a resume can trust.
 """
 
 from __future__ import annotations
@@ -199,14 +201,10 @@ class CheckpointSync:
         return thread
 
     def _run(self) -> None:
-        seen: Snapshot | None = None
         wait = self.interval_s
         while not self._stop.wait(wait):
             now = scan(self.folder)
-            # A folder is sent once it held still for an interval: a script may write a
-            # file in place, over more than one interval.
-            still, seen = now == seen, now
-            if not still or not self._pending(now):
+            if not self._pending(now):
                 wait = self.interval_s
                 continue
             if self._upload(now):
@@ -278,12 +276,16 @@ class CheckpointSync:
         if key is not None:
             return StoredFile(name=name, key=key, size=version.size)
         fd = nofollow.open_file(self.root, self.folder / name)
-        with os.fdopen(fd, "rb") as file:
-            st = os.fstat(fd)
-            if Version(st.st_ino, st.st_size, st.st_mtime_ns) != version:
+        try:
+            if _version(fd) != version:
                 return None  # replaced since the scan: the next look sends the new one
             key = layout.checkpoint_file_key(self.job_id, name)
-            self.store.put_file(key, file)
+            with os.fdopen(os.dup(fd), "rb") as file:  # boto3 closes what it is given
+                self.store.put_file(key, file)
+            if _version(fd) != version:  # written to in place meanwhile: what went up
+                return None  # may be torn, and no manifest names it
+        finally:
+            os.close(fd)
         self.synced.keys[version] = key
         return StoredFile(name=name, key=key, size=version.size)
 
@@ -296,6 +298,11 @@ class CheckpointSync:
             self.on_trouble(why)
         except Exception:  # the database may be away too: the log says it meanwhile
             log.exception("job %s: could not record the store's trouble", self.job_id)
+
+
+def _version(fd: int) -> Version:
+    st = os.fstat(fd)
+    return Version(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _clock(seconds: float) -> str:
