@@ -72,6 +72,7 @@ class ObjectStore:
             read_timeout=read_timeout_s,
             retries={"mode": "standard", "max_attempts": 3},
             max_pool_connections=16,
+            signature_version="s3v4",  # presigned links too: newer regions refuse SigV2
             # S3-compatible servers (MinIO, Ceph, moto) answer at their endpoint's own
             # name; a bucket's subdomain of it resolves nowhere.
             s3={"addressing_style": "path"} if _custom_endpoint() else {},
