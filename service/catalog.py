@@ -260,7 +260,8 @@ def _check_boxes(spec: JobCreate, eligible: list[Worker]) -> None:
             ("nodes",),
             f"asks for {spec.nodes} nodes with {spec.devices} device(s) each; "
             f"{len(boxes)} registered worker(s) take jobs across boxes with that many "
-            "(a worker takes them with TRAINYARD_SHARED_DIR set, on PostgreSQL)",
+            "(a worker takes them with TRAINYARD_SHARED_DIR or TRAINYARD_STORAGE_URL set, "
+            "on PostgreSQL)",
         )
 
 

@@ -592,7 +592,7 @@ class Worker(SQLModel, table=True):
     recipes: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
     # recipe sources the worker skipped: {"source": file or entry point, "error": one line}
     recipe_errors: list[dict[str, str]] = Field(default_factory=list, sa_type=JSON)
-    # whether it joins jobs across boxes (it has SHARED_DIR, on PostgreSQL)
+    # whether it joins jobs across boxes (it has SHARED_DIR or STORAGE_URL, on PostgreSQL)
     across_boxes: bool = False
     # "box": it runs jobs on its own devices; "slurm": it submits them to a Slurm
     # cluster (workers.slurm), which places them on up to max_nodes nodes

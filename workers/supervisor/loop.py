@@ -26,7 +26,7 @@ from typing import Any
 from service import catalog, jobspec, store
 from service.db import make_engine
 from service.models import Accelerator, Job, JobStatus, Worker, utcnow
-from service.objects.store import ObjectStore
+from service.objects.store import ObjectStore, StoreError
 from service.reasons import ReasonCode
 from service.settings import Settings
 from service.wakeup import JobListener, can_listen
@@ -186,6 +186,13 @@ class Supervisor:
         self.walls = Walls.at_start(self.settings)
         self.box = Box.detect(self.settings.cpu_slots, self.settings.job_memory_fraction)
         self.gangs.check_address()
+        if self.objects is not None:  # said at start, not first when a job's upload fails
+            try:
+                self.objects.check()
+            except StoreError as exc:
+                log.warning(
+                    "%s: %s; checkpoints wait on this disk until it answers", self.objects, exc
+                )
         found = find_recipes(self.settings.recipes_dir)
         self.recipes, self.skipped_recipes = found.recipes, found.skipped
 
