@@ -3,7 +3,9 @@ fetched once per digest, both read-only and shared by every job that names them.
 
 On the box that serves the API the blob store is on this disk and is read in place. A
 worker on another box (several boxes share one PostgreSQL database, not a filesystem)
-fetches a blob from the API by digest, verifies its SHA-256 and keeps it in its cache.
+fetches a blob by digest, verifies its SHA-256 and keeps it in its cache: from the object
+store when there is one (the API copies blobs there), else, or when the store lacks it,
+cannot be reached or holds other bytes, from the API.
 
     <cache_dir>/blobs/<hex>     fetched blobs (read-only)
     <cache_dir>/code/<hex>/     unpacked packages (read-only), see service.packages.unpack
@@ -21,6 +23,8 @@ from typing import TYPE_CHECKING
 import httpx
 
 from service.blobs import BlobStore
+from service.objects.layout import blob_key
+from service.objects.store import ObjectStore, StoreError
 from service.packages import PackageLimits, unpack
 from service.reasons import ReasonCode
 from service.settings import Settings
@@ -40,10 +44,14 @@ FETCH_TIMEOUT_S = 60.0  # between two chunks, not for the whole blob
 class BlobCache:
     """Blobs and unpacked packages on this worker's disk."""
 
-    def __init__(self, settings: Settings, holds: Holds | None = None) -> None:
-        """``holds``: an attempt's, which then holds every cache entry it is given."""
+    def __init__(
+        self, settings: Settings, holds: Holds | None = None, objects: ObjectStore | None = None
+    ) -> None:
+        """``holds``: an attempt's, which then holds every cache entry it is given;
+        ``objects``: the supervisor's object store, tried before the API."""
         self.settings = settings
         self.holds = holds
+        self.objects = objects
         self.local = BlobStore.from_settings(settings)
         self.root = settings.cache_path
         self.api_url = settings.api_url or f"http://{_reachable(settings.host)}:{settings.port}"
@@ -76,12 +84,55 @@ class BlobCache:
         )
 
     def _fetch(self, digest: str, dest: Path) -> None:
+        """The blob into ``dest``, whole and verified, or not at all: from the object store
+        if it has it, else from the API."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if self.objects is not None and self._fetch_stored(self.objects, digest, dest):
+            return
+        self._fetch_from_api(digest, dest)
+
+    def _fetch_stored(self, objects: ObjectStore, digest: str, dest: Path) -> bool:
+        """Download the store's copy into ``dest`` if it is there, reachable, and holds the
+        digest's bytes; whether it did (if not, the API is asked)."""
+        key = blob_key(digest)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}-", suffix=".part")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            size = objects.size(key)
+            if size is None:
+                log.info("blob %s is not in %s: fetching it from the API", digest, objects)
+                return False
+            log.info("fetching blob %s from %s", digest, objects)
+            objects.download(key, tmp, size)
+            with tmp.open("rb") as file:
+                got = f"sha256:{hashlib.file_digest(file, 'sha256').hexdigest()}"
+                os.fsync(file.fileno())
+            if got != digest:
+                log.warning(
+                    "blob %s in %s holds other bytes (%s): fetching it from the API",
+                    digest,
+                    objects,
+                    got,
+                )
+                return False
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dest)
+            return True
+        except StoreError as exc:  # missing meanwhile, refused, or unreachable
+            log.warning(
+                "blob %s not fetched from %s (%s): fetching it from the API", digest, objects, exc
+            )
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _fetch_from_api(self, digest: str, dest: Path) -> None:
         """GET the blob from the API into ``dest``, whole and verified, or not at all."""
         url = f"{self.api_url.rstrip('/')}/api/v1/blobs/{digest}/content"
         headers = {}
         if self.settings.api_token:
             headers["Authorization"] = f"Bearer {self.settings.api_token}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}-", suffix=".part")
         tmp = Path(tmp_name)
         hasher = hashlib.sha256()

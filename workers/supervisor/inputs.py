@@ -10,6 +10,7 @@ from pathlib import Path
 
 from service.errors import PackageInvalid
 from service.models import Job
+from service.objects.store import ObjectStore
 from service.reasons import ReasonCode
 from service.settings import Settings
 from workers.errors import NotRetryable
@@ -20,14 +21,19 @@ from workers.supervisor.cache_budget import Holds
 
 
 def place(
-    settings: Settings, job: Job, files: JobFiles, holds: Holds | None = None
+    settings: Settings,
+    job: Job,
+    files: JobFiles,
+    holds: Holds | None = None,
+    objects: ObjectStore | None = None,
 ) -> tuple[Path | None, list[Path]]:
     """The job's package, unpacked, with its data files linked under ``files.inputs``
     (None for a job that brings no code); and every path the job reads there. ``holds``:
-    the attempt's, on every cache entry it uses (its virtualenv's too) until it ends."""
+    the attempt's, on every cache entry it uses (its virtualenv's too) until it ends;
+    ``objects``: the object store, where a blob missing here is fetched from first."""
     if job.code is None:
         return None, []
-    cache = BlobCache(settings, holds)
+    cache = BlobCache(settings, holds, objects)
     try:
         package = cache.code(job.code)
     except PackageInvalid as exc:

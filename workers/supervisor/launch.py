@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from service.models import Job
-from service.objects.store import StoreError
+from service.objects.store import ObjectStore, StoreError
 from service.settings import Settings
 from service.store import Claim
 from workers.env_allowlist import inherited, withheld
@@ -54,6 +54,7 @@ class Launcher:
         self._zygote_deaths = 0  # in a row, before it was warm
         self._cold_start = not settings.warm_start  # or: the zygote cannot get warm here
         self._env: dict[str, str] = {}
+        self.objects: ObjectStore | None = None  # the supervisor's: blobs are fetched there
 
     def open(self) -> None:
         """Take the runners' environment from this process's, and start the zygote."""
@@ -209,7 +210,9 @@ class Launcher:
             )
             reads: list[Path] = []
             try:
-                handoff.package, reads = inputs.place(self.settings, job, files, holds)
+                handoff.package, reads = inputs.place(
+                    self.settings, job, files, holds, self.objects
+                )
             except Exception as exc:
                 log.warning("job %s: its inputs could not be placed: %s", job.id, exc)
                 handoff.inputs_error = describe(exc)

@@ -118,6 +118,7 @@ class Supervisor:
         self.gangs = Gangs(self.engine, settings, self.worker_id)  # jobs across boxes
         # Checkpoints and artifacts where every box reaches them (None: DATA_DIR only).
         self.objects = ObjectStore(settings.storage_url) if settings.storage_url else None
+        self.launcher.objects = self.objects  # blobs too: fetched from there first
         # PostgreSQL: a submit wakes this worker at once; polling is only the fallback.
         self.listener = (
             JobListener(self.engine, self._wake.set) if can_listen(self.engine) else None
