@@ -6,6 +6,7 @@
                                                   moment: its files' names, keys, sizes
     jobs/<id>/artifacts/<name>                    the final weights, spec.json, output/
     jobs/<id>/artifacts.json                      which artifacts are whole
+    blobs/sha256/<hex>                            a blob (code package, data file)
 
 A manifest is written last, after every object it names is whole in the store (an S3
 object appears whole once its upload completes, never in part): a worker killed
@@ -83,6 +84,11 @@ def artifact_key(job_id: int, name: str) -> str:
 
 def artifacts_manifest_key(job_id: int) -> str:
     return f"jobs/{job_id}/artifacts.json"
+
+
+def blob_key(digest: str) -> str:
+    """A blob's key, by its digest (``sha256:<hex>``); ``blob_key("")`` is their folder."""
+    return f"blobs/sha256/{digest.removeprefix('sha256:')}"
 
 
 def publish_checkpoint(store: ObjectStore, manifest: Manifest) -> str:
