@@ -190,7 +190,9 @@ async def _sweep_blobs(app: FastAPI) -> None:
     while True:
         await asyncio.sleep(settings.blob_sweep_interval_s)  # cancelled at shutdown
         try:
-            await anyio.to_thread.run_sync(blob_upkeep.sweep, app.state.engine, settings)
+            await anyio.to_thread.run_sync(
+                lambda: blob_upkeep.sweep(app.state.engine, settings, objects=app.state.objects)
+            )
         except Exception:  # the database may be down for a while: try again next time
             log.exception("blob sweep failed")
 

@@ -9,6 +9,12 @@ sweep is no one's act, and says what it removed in the API's log.
 Both lock the blob's row and decide again under the lock: a job attaching the blob
 updates that row, so it either waits and is then refused (no row left), or commits first
 and is seen.
+
+With an object store, the blob's copy there goes too, after the commit (a store that
+does not answer holds no lock meanwhile). A store that fails is logged, not fatal: each
+sweep removes every copy there whose blob has no row, so a copy left behind goes then.
+A PUT copies a blob to the store only once its row is committed, so that is never a
+copy whose row is about to be written.
 """
 
 from __future__ import annotations
@@ -25,15 +31,26 @@ from service.blobs import STALE_TEMP_S, BlobStore
 from service.db import read_session, write_session
 from service.errors import BlobInUse, BlobNotFound, NotAllowed
 from service.models import utcnow
+from service.objects.layout import blob_key
+from service.objects.store import ObjectStore, StoreError
 from service.settings import Settings
 from service.users import Identity
 
 log = logging.getLogger(__name__)
 
+KNOWN_BATCH = 500  # digests per query for their rows (SQLite bounds a query's parameters)
 
-def delete(engine: Engine, store: BlobStore, digest: str, who: Identity) -> None:
-    """Delete a blob (row and file), or ``who``'s upload of it; BlobInUse while an
-    unfinished job uses what would go, BlobNotFound for a blob ``who`` may not see."""
+
+def delete(
+    engine: Engine,
+    store: BlobStore,
+    digest: str,
+    who: Identity,
+    objects: ObjectStore | None = None,
+) -> None:
+    """Delete a blob (row, file and the object store's copy), or ``who``'s upload of it;
+    BlobInUse while an unfinished job uses what would go, BlobNotFound for a blob ``who``
+    may not see."""
     with write_session(engine) as session:
         if blob_rows.lock(session, digest) is None:
             raise BlobNotFound(digest)
@@ -68,6 +85,8 @@ def delete(engine: Engine, store: BlobStore, digest: str, who: Identity) -> None
         # row and is refused; the file goes before the commit, so no row outlives it
         # (should the commit fail, the row stays without a file and a new PUT repairs it).
         store.remove(digest)
+    if objects is not None:
+        _remove_stored(objects, [digest])
 
 
 @dataclass(frozen=True)
@@ -77,10 +96,17 @@ class Swept:
     temps: int  # temp files of uploads that never finished
 
 
-def sweep(engine: Engine, settings: Settings, now: datetime | None = None) -> Swept:
+def sweep(
+    engine: Engine,
+    settings: Settings,
+    now: datetime | None = None,
+    *,
+    objects: ObjectStore | None = None,
+) -> Swept:
     """Remove blobs no job has used for ``blob_ttl_s`` that no unfinished job uses,
-    files that never got a row, and stale temp files. Cheap when nothing is due: one
-    query on the blob table and two directory listings."""
+    files that never got a row, stale temp files, and the object store's copies of
+    blobs with no row. Cheap when nothing is due: one query on the blob table and two
+    directory listings (and a listing of the store's blobs)."""
     now = now or utcnow()
     store = BlobStore.from_settings(settings)
     cutoff = now - timedelta(seconds=settings.blob_ttl_s)
@@ -101,6 +127,8 @@ def sweep(engine: Engine, settings: Settings, now: datetime | None = None) -> Sw
     for digest in orphans:
         store.remove(digest)
     temps = store.remove_stale_temps(now.timestamp() - STALE_TEMP_S)
+    if objects is not None:
+        _remove_stored(objects, _stored_without_row(engine, objects))
     if removed or orphans or temps:
         log.info(
             "blob sweep: %d expired, %d without a row, %d stale temp files removed",
@@ -109,3 +137,35 @@ def sweep(engine: Engine, settings: Settings, now: datetime | None = None) -> Sw
             temps,
         )
     return Swept(removed, orphans, temps)
+
+
+def _stored_without_row(engine: Engine, objects: ObjectStore) -> list[str]:
+    """Digests of the store's blobs that have no row (deleted; their copy left behind)."""
+    try:
+        listed = ["sha256:" + s.key.rsplit("/", 1)[-1] for s in objects.listing(blob_key(""))]
+    except StoreError as exc:
+        log.warning("blob sweep: %s could not be listed, tried next time: %s", objects, exc)
+        return []
+    known: set[str] = set()
+    with read_session(engine) as session:
+        for start in range(0, len(listed), KNOWN_BATCH):
+            known |= blob_rows.known(session, listed[start : start + KNOWN_BATCH])
+    return [digest for digest in listed if digest not in known]
+
+
+def _remove_stored(objects: ObjectStore, digests: list[str]) -> None:
+    """The store's copies of these blobs; a store that fails is logged (the next sweep
+    removes what is left)."""
+    if not digests:
+        return
+    try:
+        objects.delete([blob_key(digest) for digest in digests])
+    except StoreError as exc:
+        log.warning(
+            "%d blobs' copies stay in %s until a sweep removes them: %s",
+            len(digests),
+            objects,
+            exc,
+        )
+    else:
+        log.info("%d blobs' copies removed from %s", len(digests), objects)

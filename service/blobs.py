@@ -6,7 +6,9 @@ counted, is fsynced, and only then, if its digest is the one it was sent under, 
 into place: ``tmp/`` and ``sha256/`` share a filesystem, so the rename is atomic and no
 reader ever sees half a blob. Every failure (mismatch, over the limit, a full disk, a
 client that went away, a cancelled request) removes the temp file. Rows are
-``service.blob_rows``'s; ``service.blob_upkeep`` deletes and sweeps both.
+``service.blob_rows``'s; ``service.blob_upkeep`` deletes and sweeps both. With an object
+store, a stored blob is copied there too (``blobs/sha256/<hex>``), where workers on other
+boxes fetch it from.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from service.errors import (
     BlobStorageFull,
     BlobTooLarge,
 )
+from service.objects.layout import blob_key
+from service.objects.store import ObjectStore
 from service.settings import Settings
 
 MAX_BLOB_SETTING = "TRAINYARD_MAX_BLOB_BYTES"
@@ -134,6 +138,19 @@ class BlobStore:
             await writer.settle()
             os.close(fd)
             tmp.unlink(missing_ok=True)
+
+    def copy_to(self, objects: ObjectStore, digest: str) -> bool:
+        """Upload the blob's file to the object store unless it holds it already; whether
+        it did. Blocking (boto3): run it in a thread. ``StoreError`` when the store refuses
+        or cannot be reached, ``FileNotFoundError`` when the blob was deleted meanwhile."""
+        path = self.path(digest)
+        size = path.stat().st_size
+        key = blob_key(digest)
+        if objects.size(key) == size:  # taken for these bytes: workers verify what they fetch
+            return False
+        with path.open("rb") as file:
+            objects.put_file(key, file)
+        return True
 
     def remove(self, digest: str) -> None:
         """Delete the blob's file, if any."""

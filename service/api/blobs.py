@@ -8,10 +8,15 @@ A user other than an admin sees only the blobs they uploaded or their own jobs u
 other digest is 404, as if nothing were stored under it. A PUT makes its sender an
 uploader of the blob: of bytes stored already, only once it has sent them (and they hash
 to the digest).
+
+With an object store (``TRAINYARD_STORAGE_URL``) a PUT also copies the blob there, before
+answering, where workers on other boxes fetch it from; a store that fails leaves the
+answer as it was, and those workers fetch through the API.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Request, Response, status
@@ -24,6 +29,7 @@ from service.api.deps import (
     BlobStoreDep,
     EngineDep,
     IdentityDep,
+    ObjectsDep,
     PageLimit,
     PageOffset,
     SettingsDep,
@@ -31,11 +37,14 @@ from service.api.deps import (
 )
 from service.api.responses import BLOB_NOT_FOUND, GUARDED, WRITE, error
 from service.blob_rows import BlobList, BlobRead
-from service.blobs import MAX_BLOB_SETTING
+from service.blobs import MAX_BLOB_SETTING, BlobStore
 from service.db import read_session, write_session
 from service.errors import BlobNotFound, BlobTooLarge
 from service.models import DIGEST_PATTERN, MAX_INT64
+from service.objects.store import ObjectStore, StoreError
 from service.users import Identity
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/blobs", tags=["blobs"], responses=GUARDED)
 
@@ -84,6 +93,7 @@ async def put_blob(
     engine: EngineDep,
     settings: SettingsDep,
     store: BlobStoreDep,
+    objects: ObjectsDep,
     who: IdentityDep,
     content_length: Annotated[
         int | None, Header(ge=0, le=MAX_INT64, include_in_schema=False)
@@ -100,6 +110,8 @@ async def put_blob(
     uploaded = who.admin or await run_in_threadpool(_uploaded, engine, who, digest)
     received = await store.receive(request.stream(), digest, limit, prove=not uploaded)
     await run_in_threadpool(_record, engine, digest, received.size, who.name)
+    if objects is not None:  # after its row: a store's copy without one is the sweep's
+        await run_in_threadpool(_copy_to_store, store, objects, digest)
     response.headers["Location"] = f"/api/v1/blobs/{digest}"
     if not received.created:
         response.status_code = status.HTTP_200_OK
@@ -111,6 +123,14 @@ def _record(engine: Engine, digest: str, size: int, uploader: str) -> None:
     with write_session(engine) as session:
         blob_rows.record(session, digest, size)
         blob_rows.add_upload(session, digest, uploader)
+
+
+def _copy_to_store(store: BlobStore, objects: ObjectStore, digest: str) -> None:
+    """Where workers on other boxes fetch it; should the store fail, they use the API."""
+    try:
+        store.copy_to(objects, digest)
+    except (StoreError, FileNotFoundError) as exc:  # unreachable, or deleted meanwhile
+        log.warning("blob %s was not copied to %s: %s", digest, objects, exc)
 
 
 def _uploaded(engine: Engine, who: Identity, digest: str) -> bool:
@@ -199,9 +219,13 @@ def list_blobs(
 )
 @pooled
 def delete_blob(
-    digest: Digest, engine: EngineDep, store: BlobStoreDep, who: IdentityDep
+    digest: Digest,
+    engine: EngineDep,
+    store: BlobStoreDep,
+    objects: ObjectsDep,
+    who: IdentityDep,
 ) -> Response:
     """Delete a blob no unfinished job uses (finished jobs keep the record of its digest):
     an admin any, a user their own upload of it (its bytes go with its last uploader's)."""
-    blob_upkeep.delete(engine, store, digest, who)
+    blob_upkeep.delete(engine, store, digest, who, objects)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
