@@ -133,3 +133,36 @@ def test_the_dockerfile_names_nothing_of_a_build_machine() -> None:
     for local in ("/opt/", "+cpu", "index-url", "find-links", "trusted-host", "ARG "):
         assert local not in text, local
     assert "FROM python:3.11-slim-bookworm" in text
+
+
+def test_minio_profile_is_opt_in_with_no_default_keys_and_storage_is_off_unless_set() -> None:
+    """The `minio` profile adds an S3-compatible server (pinned, on loopback, refusing to
+    start without keys: MinIO's own defaults are well known); the api and worker get the
+    storage settings from the environment, empty when unset, so nothing changes then."""
+    services = compose()["services"]
+    minio = services["minio"]
+    assert minio["profiles"] == ["minio"]
+    assert minio["image"].startswith("minio/minio:RELEASE.")  # a release, never :latest
+    assert minio["command"][:2] == ["server", "/data"]
+    assert minio["volumes"] == ["minio-data:/data"] and "minio-data" in compose()["volumes"]
+    assert minio["environment"] == {
+        "MINIO_ROOT_USER": "${MINIO_ROOT_USER:-}",
+        "MINIO_ROOT_PASSWORD": "${MINIO_ROOT_PASSWORD:-}",
+    }
+    guard = minio["entrypoint"][2]
+    assert '"$$MINIO_ROOT_USER"' in guard and '"$$MINIO_ROOT_PASSWORD"' in guard
+    assert "mc" in minio["healthcheck"]["test"]
+    assert all(p.startswith(("${MINIO_BIND:-127.0.0.1}:", "127.0.0.1:")) for p in minio["ports"])
+    for name in ("api", "worker"):
+        assert services[name]["depends_on"]["minio"] == {
+            "condition": "service_healthy",
+            "required": False,
+        }
+        env = services[name]["environment"]
+        for var in (
+            "TRAINYARD_STORAGE_URL",
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        ):
+            assert env[var] == f"${{{var}:-}}", (name, var)
