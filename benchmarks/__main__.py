@@ -19,6 +19,7 @@ BENCHMARKS = [
     ["contention"],
     ["recovery"],
     ["upload"],
+    ["storage"],
     ["script_start"],
     ["script_speed"],
     ["multi_node"],
