@@ -54,6 +54,7 @@ class StoredFile(BaseModel):
 class Manifest(BaseModel):
     """A set of files that is whole in the store."""
 
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=64)  # this one's
     job_id: int
     attempt: int = 0
     node: int = 0

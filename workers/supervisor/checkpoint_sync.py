@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from pydantic import BaseModel
+
 from service.objects import layout
 from service.objects.layout import Manifest, StoredFile
 from service.objects.store import ObjectStore, StoreError
@@ -74,6 +76,16 @@ def scan(folder: Path) -> Snapshot:
                 rel = (here / name).relative_to(folder).as_posix()
                 found[rel] = Version(st.st_ino, st.st_size, st.st_mtime_ns)
     return found
+
+
+MARK_LIMIT = 4 * 1024 * 1024
+
+
+class Mark(BaseModel):
+    """What ``_remember`` notes: a manifest's id and the folder it named, as on this box."""
+
+    manifest: str
+    files: dict[str, Version]
 
 
 @dataclass
@@ -128,15 +140,16 @@ class CheckpointSync:
         if manifest is None:
             return None
         local = scan(self.folder)
-        wanted = {f.name: f.size for f in manifest.files}
-        if {name: v.size for name, v in local.items()} == wanted:
-            self._learn(manifest, local)
-            return None
-        newest_local = max((v.mtime_ns for v in local.values()), default=0) / 1e9
-        if local and not always and newest_local > manifest.written_at:
+        mark = self._mark()
+        if mark is not None and mark.files == local:  # nothing written here since its sync
+            if mark.manifest == manifest.id:  # and that is the store's newest
+                self._learn(manifest, local)
+                return None
+            # the store's is newer than anything this box has: it is downloaded below
+        elif local and not always and _newest(local) > manifest.written_at:
             return (
                 f"checkpoints: this box's are newer than the store's (written "
-                f"{_clock(newest_local)}, the store's {_clock(manifest.written_at)}): "
+                f"{_clock(_newest(local))}, the store's {_clock(manifest.written_at)}): "
                 "resuming from them, uploading them"
             )
         self._download(manifest)
@@ -176,6 +189,28 @@ class CheckpointSync:
             if name in keys and keys[name].size == version.size:
                 self.synced.keys[version] = keys[name].key
         self.synced.published = local
+        self._remember(manifest, local)
+
+    # The folder as this box last synced it, and the manifest that names it: a folder of
+    # the same names and sizes as the store's newest may still be an older checkpoint
+    # (weights always have the same shape); only this tells that it is that one.
+    @property
+    def _mark_path(self) -> Path:
+        return self.root / f".checkpoints-synced-node{self.node}.json"
+
+    def _mark(self) -> Mark | None:
+        try:
+            data = nofollow.read(self.root, self._mark_path, MARK_LIMIT)
+            return None if data is None else Mark.model_validate_json(data)
+        except (OSError, ValueError):  # a job's own writing, or none: no mark
+            return None
+
+    def _remember(self, manifest: Manifest, local: Snapshot) -> None:
+        mark = Mark(manifest=manifest.id, files=local)
+        try:
+            nofollow.write(self.root, self._mark_path, mark.model_dump_json().encode())
+        except OSError as exc:  # the next start downloads what it could have kept
+            log.warning("job %s: could not note its synced checkpoints: %s", self.job_id, exc)
 
     # -- upload ---------------------------------------------------------------------------
 
@@ -259,6 +294,7 @@ class CheckpointSync:
                     files=[f for f in files if f is not None],
                 )
                 layout.publish_checkpoint(self.store, manifest)
+                self._remember(manifest, snapshot)
             except StoreError as exc:
                 self._troubled(f"{exc}")
                 return False
@@ -298,6 +334,11 @@ class CheckpointSync:
             self.on_trouble(why)
         except Exception:  # the database may be away too: the log says it meanwhile
             log.exception("job %s: could not record the store's trouble", self.job_id)
+
+
+def _newest(snapshot: Snapshot) -> float:
+    """When the newest file of a folder was written, in seconds since the epoch."""
+    return max((v.mtime_ns for v in snapshot.values()), default=0) / 1e9
 
 
 def _version(fd: int) -> Version:
