@@ -13,6 +13,7 @@ Each call is bounded: a store that does not answer fails it within seconds as
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -21,10 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import boto3
 import botocore.exceptions
-from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 
 from service.errors import TrainyardError
 from service.objects.location import Location
@@ -32,11 +30,24 @@ from service.objects.location import Location
 log = logging.getLogger(__name__)
 
 CHUNK = 1024 * 1024  # a streamed object's pieces
-# Transfers: parts of 16 MiB, 8 at once (boto3's defaults are 8 MiB and 10): a 1 GiB
-# checkpoint is 64 parts, each retried on its own.
-TRANSFER = TransferConfig(
-    multipart_threshold=16 * CHUNK, multipart_chunksize=16 * CHUNK, max_concurrency=8
-)
+
+
+@functools.cache
+def transfer_config() -> Any:
+    """Transfers: parts of 16 MiB, 8 at once (boto3's defaults are 8 MiB and 10): a 1 GiB
+    checkpoint is 64 parts, each retried on its own. (boto3 is imported where a store is
+    made, not with this module: ~0.4 s an API or worker without one need not spend.)"""
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(
+        multipart_threshold=16 * CHUNK, multipart_chunksize=16 * CHUNK, max_concurrency=8
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TRANSFER":  # the transfer settings, for benchmarks and tests to compare
+        return transfer_config()
+    raise AttributeError(name)
 
 
 class StoreError(TrainyardError):
@@ -66,6 +77,9 @@ class ObjectStore:
     def __init__(
         self, url: str, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0
     ) -> None:
+        import boto3
+        from botocore.config import Config
+
         self.location = Location.parse(url)
         config = Config(
             connect_timeout=connect_timeout_s,
@@ -89,7 +103,9 @@ class ObjectStore:
         """Upload an open file from where it is read now (parts in parallel when large);
         the object appears whole once the upload completes, never in part."""
         with _errors(key):
-            self.client.upload_fileobj(file, self.location.bucket, self._key(key), Config=TRANSFER)
+            self.client.upload_fileobj(
+                file, self.location.bucket, self._key(key), Config=transfer_config()
+            )
 
     def put_bytes(self, key: str, data: bytes) -> None:
         with _errors(key):
@@ -112,7 +128,7 @@ class ObjectStore:
         try:
             with _errors(key):
                 self.client.download_file(
-                    self.location.bucket, self._key(key), str(tmp), Config=TRANSFER
+                    self.location.bucket, self._key(key), str(tmp), Config=transfer_config()
                 )
             got = tmp.stat().st_size
             if got != size:
