@@ -302,7 +302,7 @@ def main() -> None:
                   f"{down['ratio_same_parts']:.3f}x")  # fmt: skip
             result["download"] = down
         store.client.close()
-    save("storage", result)
+    save("storage" if only == {"train", "download"} else f"storage-{args.only}", result)
 
 
 if __name__ == "__main__":
