@@ -272,8 +272,8 @@ class Settings(BaseSettings):
         ge=0,
         le=24 * 3600,
         description="How long an attempt's end waits for its last checkpoint and artifacts "
-        "to be uploaded before the job moves on (they stay on the box's disk, and the "
-        "worker keeps trying, should the store be unreachable).",
+        "to be uploaded before the job moves on (should the store be unreachable, they stay "
+        "on this box's disk only, and the job's log says so).",
     )
 
     # Jobs across boxes (nodes > 1, workers sharing PostgreSQL): see docs/architecture.md.

@@ -1,10 +1,10 @@
 """What a job keeps in the object store, and the manifests that say which of it is whole.
 
     jobs/<id>/checkpoints/files/<uuid>/<name>     one version of a checkpoint file
-    jobs/<id>/checkpoints/manifests/<attempt>-<ns>-<node>.json
+    jobs/<id>/checkpoints/manifests/<attempt>-<seq>-<ns>-node<n>.json
                                                   a checkpoint folder as it was at one
                                                   moment: its files' names, keys, sizes
-    jobs/<id>/artifacts/<name>                    the final weights, spec.json, output/
+    jobs/<id>/artifacts/<uuid>/<name>             the final weights, spec.json, output/
     jobs/<id>/artifacts.json                      which artifacts are whole
     blobs/sha256/<hex>                            a blob (code package, data file)
 
@@ -13,7 +13,9 @@ object appears whole once its upload completes, never in part): a worker killed
 mid-upload leaves objects no manifest names, never a manifest naming a missing object.
 So the newest manifest is the newest whole checkpoint, and a resumed attempt on any box
 downloads what it names. Manifest names sort in the order they were written (the
-attempt, then nanoseconds), so the newest is the last key listed.
+attempt; then one more than the manifest its writer resumed from or wrote last, so a job
+handed back to another box under the same attempt number sorts after whatever clock that
+box keeps; then nanoseconds), so the newest is the last key listed.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from service.objects.store import ObjectStore, StoreError
+from service.objects.store import ObjectMissing, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,9 @@ class Manifest(BaseModel):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=64)  # this one's
     job_id: int
     attempt: int = 0
+    # one more than the manifest its writer resumed from or wrote before: orders the
+    # manifests of one attempt number (kept by a job handed back) across boxes' clocks
+    seq: int = Field(0, ge=0, lt=10**9)
     node: int = 0
     written_at: float = 0.0  # seconds since the epoch, on the writing box's clock
     files: list[StoredFile] = Field(default_factory=list)
@@ -80,7 +86,9 @@ def manifests_prefix(job_id: int) -> str:
 
 
 def artifact_key(job_id: int, name: str) -> str:
-    return f"jobs/{job_id}/artifacts/{name}"
+    """A new key for one upload of artifact ``name``: a later attempt's upload never
+    changes an object the published artifacts manifest names."""
+    return f"jobs/{job_id}/artifacts/{uuid.uuid4().hex}/{name}"
 
 
 def artifacts_manifest_key(job_id: int) -> str:
@@ -97,8 +105,8 @@ def publish_checkpoint(store: ObjectStore, manifest: Manifest) -> str:
     drop all but the newest ``KEEP_MANIFESTS`` and the objects only they named."""
     written_ns = time.time_ns()
     key = (
-        f"{manifests_prefix(manifest.job_id)}{manifest.attempt:06d}-{written_ns:020d}"
-        f"-node{manifest.node}.json"
+        f"{manifests_prefix(manifest.job_id)}{manifest.attempt:06d}-{manifest.seq:09d}"
+        f"-{written_ns:020d}-node{manifest.node}.json"
     )
     store.put_bytes(key, manifest.model_dump_json().encode())
     _prune(store, manifest.job_id)
@@ -109,11 +117,19 @@ def newest_checkpoint(store: ObjectStore, job_id: int) -> Manifest | None:
     """The newest manifest that reads, or None when the job has none. A damaged one (it
     cannot be: manifests are written whole; but a person may have edited the bucket) is
     passed over for the one before."""
+    return next(checkpoints_newest_first(store, job_id), None)
+
+
+def checkpoints_newest_first(store: ObjectStore, job_id: int) -> Iterator[Manifest]:
+    """The manifests that read, newest first (a restore that finds one's objects gone
+    takes the one before)."""
     for stored in reversed(store.listing(manifests_prefix(job_id))):
-        manifest = _read(store, stored.key, job_id)
+        try:
+            manifest = _read(store, stored.key, job_id)
+        except ObjectMissing:  # pruned since it was listed: an older one follows
+            continue
         if manifest is not None:
-            return manifest
-    return None
+            yield manifest
 
 
 def stored_artifacts(store: ObjectStore, job_id: int) -> Manifest | None:
@@ -125,7 +141,13 @@ def stored_artifacts(store: ObjectStore, job_id: int) -> Manifest | None:
 
 
 def publish_artifacts(store: ObjectStore, manifest: Manifest) -> None:
+    """Make ``manifest`` (its files whole in the store) the job's artifacts, then drop the
+    objects only the one it replaces named."""
+    before = stored_artifacts(store, manifest.job_id)
     store.put_bytes(artifacts_manifest_key(manifest.job_id), manifest.model_dump_json().encode())
+    if before is not None:
+        kept = {f.key for f in manifest.files}
+        store.delete(sorted({f.key for f in before.files} - kept))
 
 
 def _read(store: ObjectStore, key: str, job_id: int) -> Manifest | None:

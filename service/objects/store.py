@@ -216,6 +216,14 @@ class ObjectStore:
             raise StoreError(f"the object store has no bucket {self.location.bucket}") from exc
 
 
+def _boto3_transfer_error(exc: BaseException) -> bool:
+    """boto3's own errors of a transfer (``RetriesExceededError`` when a download's
+    connection keeps dropping, ``S3UploadFailedError``), which are not botocore's."""
+    import boto3.exceptions  # loaded already: a store was made to get here
+
+    return isinstance(exc, boto3.exceptions.Boto3Error)
+
+
 def _custom_endpoint() -> bool:
     return bool(os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3"))
 
@@ -245,6 +253,8 @@ class _errors:
                 message = error.get("Message") or exc
                 raise StoreUnreachable(f"the object store failed: {message}") from exc
             raise StoreError(f"the object store refused {self.key!r}: {exc}") from exc
+        if _boto3_transfer_error(exc):  # a transfer's retries used up: the connection
+            raise StoreUnreachable(f"the object store did not answer: {exc}") from exc
         if isinstance(exc, botocore.exceptions.NoCredentialsError):
             raise StoreError(
                 "no credentials for the object store: set AWS_ACCESS_KEY_ID and "

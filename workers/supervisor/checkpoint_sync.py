@@ -25,8 +25,10 @@ import logging
 import os
 import shutil
 import stat
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from pydantic import BaseModel
 
 from service.objects import layout
 from service.objects.layout import Manifest, StoredFile
-from service.objects.store import ObjectStore, StoreError
+from service.objects.store import ObjectMissing, ObjectStore, StoreError
 from workers.supervisor import nofollow
 
 log = logging.getLogger(__name__)
@@ -74,11 +76,16 @@ def scan(folder: Path) -> Snapshot:
                 continue  # pruned meanwhile
             if stat.S_ISREG(st.st_mode):
                 rel = (here / name).relative_to(folder).as_posix()
-                found[rel] = Version(st.st_ino, st.st_size, st.st_mtime_ns)
+                if _storable(rel):
+                    found[rel] = Version(st.st_ino, st.st_size, st.st_mtime_ns)
     return found
 
 
 MARK_LIMIT = 4 * 1024 * 1024
+
+
+class _Stopped(Exception):
+    """A restore stopped between two files: its attempt ended meanwhile."""
 
 
 class Mark(BaseModel):
@@ -126,8 +133,11 @@ class CheckpointSync:
         self._lock = threading.Lock()  # one upload at a time: the thread's, or the flush's
         self._life = threading.Lock()  # start against flush and close
         self._closed = False  # the attempt ended: the thread does not start after that
+        self._cancelled = False  # the lease was lost: nothing more is published
+        self._restoring = threading.Lock()  # the flush waits for a restore under way
         self._thread: threading.Thread | None = None
         self.trouble: str | None = None
+        self.seq = 0  # the number of the newest manifest this sync restored or wrote
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -135,10 +145,23 @@ class CheckpointSync:
         """Make the checkpoint folder the newest whole one in the store, unless this box's
         is newer (written after it and not uploaded yet; ``always``: take the store's
         anyway, as every node of a job across boxes must resume from the same one).
-        Returns what was done, for the job's log; StoreError when the store cannot say."""
-        manifest = layout.newest_checkpoint(self.store, self.job_id)
-        if manifest is None:
+        Returns what was done, for the job's log; StoreError when the store cannot say.
+        A manifest whose objects are gone (pruned by another writer meanwhile) gives way
+        to the one before."""
+        with self._restoring:
+            for manifest in layout.checkpoints_newest_first(self.store, self.job_id):
+                try:
+                    return self._restore(manifest, always=always)
+                except _Stopped:
+                    return None  # the attempt ended meanwhile: its folder is left as it was
+                except ObjectMissing as exc:
+                    log.warning(
+                        "job %s: checkpoint incomplete, the one before: %s", self.job_id, exc
+                    )
             return None
+
+    def _restore(self, manifest: Manifest, *, always: bool) -> str | None:
+        self.seq = manifest.seq  # the next manifest written here sorts after it
         local = scan(self.folder)
         mark = self._mark()
         if mark is not None and mark.files == local:  # nothing written here since its sync
@@ -162,16 +185,18 @@ class CheckpointSync:
 
     def _download(self, manifest: Manifest) -> None:
         """The manifest's files into a new folder beside the checkpoint folder, then that
-        folder in its place: whole, or the old one left as it was."""
-        staging = self.root / f".checkpoints-restore-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
+        folder in its place: whole, or the old one left as it was. The new folder's name
+        is made here, at random, and the folder created anew (mkdtemp): nothing the job
+        left in its folder (a link named as a guess) is written through."""
+        staging = Path(tempfile.mkdtemp(prefix=".checkpoints-restore-", dir=self.root))
         try:
             for stored in manifest.files:
+                if self._closed:  # the attempt ended meanwhile: nothing is swapped in
+                    raise _Stopped
                 target = staging / stored.name
-                target.parent.mkdir(parents=True, exist_ok=True)
+                target.parent.mkdir(parents=True, exist_ok=True)  # below the new folder
                 self.store.download(stored.key, target, stored.size)
-            staging.mkdir(exist_ok=True)  # a manifest of no files: an empty folder
-            old = self.root / f".checkpoints-old-{os.getpid()}"
+            old = self.root / f".checkpoints-old-{uuid.uuid4().hex}"
             if self.folder.is_symlink() or self.folder.exists():
                 os.replace(self.folder, old)  # a link is moved, not followed
             os.replace(staging, self.folder)
@@ -225,37 +250,44 @@ class CheckpointSync:
                 self._thread.start()
         return self
 
-    def _end(self) -> threading.Thread | None:
-        """Stop the thread; the thread that ran, if one did."""
+    def _end(self, join_s: float | None) -> threading.Thread | None:
+        """Stop the thread (waiting at most ``join_s`` for an upload under way); the
+        thread that ran, if one did."""
         with self._life:
             self._closed = True
             thread = self._thread
         self._stop.set()
-        if thread is not None:
-            thread.join()
+        if thread is not None and join_s != 0:
+            thread.join(join_s)
         return thread
 
     def _run(self) -> None:
         wait = self.interval_s
         while not self._stop.wait(wait):
-            now = scan(self.folder)
-            if not self._pending(now):
-                wait = self.interval_s
-                continue
-            if self._upload(now):
-                wait = self.interval_s
-            else:
-                wait = min(max(wait * 2, RETRY_FIRST_S), RETRY_MOST_S)
+            try:
+                now = scan(self.folder)
+                if not self._pending(now) or self._upload(now):
+                    wait = self.interval_s
+                    continue
+            except Exception:  # whatever the job's folder holds, the next look comes
+                log.exception("job %s: checkpoint upload failed", self.job_id)
+            wait = min(max(wait * 2, RETRY_FIRST_S), RETRY_MOST_S)
 
     def flush(self, timeout_s: float) -> bool:
         """Stop the thread and upload the folder as the attempt left it, trying until
         ``timeout_s``: whether the store holds it now (an attempt that never started
         training wrote nothing to keep)."""
-        if self._end() is None:
-            return True
         deadline = time.monotonic() + timeout_s
+        with self._life:
+            self._closed = True  # a restore under way stops at its next file ...
+        with self._restoring:  # ... and ends before anything here looks at the folder
+            pass
+        if self._end(join_s=timeout_s) is None:
+            return True  # never started: its attempt did not train
         wait = RETRY_FIRST_S
         while True:
+            if self._cancelled:
+                return False
             now = scan(self.folder)
             if not self._pending(now):
                 return True
@@ -274,8 +306,14 @@ class CheckpointSync:
         return now != self.synced.published
 
     def close(self) -> None:
-        """Stop the thread, uploading nothing more (the lease is gone)."""
-        self._end()
+        """Publish nothing more (the lease is gone): an upload under way stops before its
+        manifest. Returns at once (called from the supervisor's loop)."""
+        self._cancelled = True
+        self._end(join_s=0)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     def _upload(self, snapshot: Snapshot) -> bool:
         """The snapshot's new versions, then its manifest; whether it is in the store
@@ -283,17 +321,23 @@ class CheckpointSync:
         changed under the upload, tried again at the next look)."""
         with self._lock:
             try:
-                files = [self._send(name, version) for name, version in sorted(snapshot.items())]
-                if any(f is None for f in files):
+                files = []
+                for name, version in sorted(snapshot.items()):
+                    if self._cancelled:
+                        return False
+                    files.append(self._send(name, version))
+                if any(f is None for f in files) or self._cancelled:
                     return False
                 manifest = Manifest(
                     job_id=self.job_id,
                     attempt=self.attempt,
+                    seq=self.seq + 1,
                     node=self.node,
                     written_at=time.time(),
                     files=[f for f in files if f is not None],
                 )
                 layout.publish_checkpoint(self.store, manifest)
+                self.seq = manifest.seq
                 self._remember(manifest, snapshot)
             except StoreError as exc:
                 self._troubled(f"{exc}")
@@ -334,6 +378,23 @@ class CheckpointSync:
             self.on_trouble(why)
         except Exception:  # the database may be away too: the log says it meanwhile
             log.exception("job %s: could not record the store's trouble", self.job_id)
+
+
+# A name's bytes at most: its key (jobs/<id>/checkpoints/files/<uuid>/<name>) stays within
+# S3's 1024 and the manifest's bound.
+NAME_LIMIT = 900
+
+
+def _storable(name: str) -> bool:
+    """Whether a file's name can be a key: UTF-8 (not a byte the file system allows and
+    JSON cannot carry) and short enough. Others are left on this box, said in the log."""
+    try:
+        fits = len(name.encode()) <= NAME_LIMIT
+    except UnicodeEncodeError:
+        fits = False
+    if not fits:
+        log.warning("checkpoint file %r: its name cannot be a key in the store: not uploaded", name)
+    return fits
 
 
 def _newest(snapshot: Snapshot) -> float:

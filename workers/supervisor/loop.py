@@ -31,7 +31,7 @@ from service.reasons import ReasonCode
 from service.settings import Settings
 from service.wakeup import JobListener, can_listen
 from workers.jobfiles import CHECKPOINTS, JobFiles
-from workers.outcome import StopReason, decide
+from workers.outcome import RunnerReport, StopReason, decide
 from workers.recipes import Recipe, SkippedSource, find_recipes
 from workers.supervisor import gpu_share
 from workers.supervisor.attempt import Attempt
@@ -321,9 +321,11 @@ class Supervisor:
             files = JobFiles.of(self.settings.data_dir, attempt.job_id, attempt.node)
             report = runner_report(files, attempt.fence.attempt)
             leader = attempt.node is None or (report is not None and report.leader)
+            # The artifacts of an attempt that hands its job back are not its last word
+            ended = self._decide(attempt, attempt.stop_reason, report).status != JobStatus.queued
             uploads = self.uploads[attempt.job_id] = EndUploads(
                 sync,
-                artifacts=leader,
+                artifacts=leader and ended,
                 timeout_s=self.settings.storage_flush_s,
                 note=attempt.note,
                 on_done=self._wake.set,
@@ -562,16 +564,7 @@ class Supervisor:
         fence = attempt.fence
         files = JobFiles.of(self.settings.data_dir, fence.job_id, attempt.node)
         report = runner_report(files, fence.attempt)
-        outcome = decide(
-            stop,
-            report,
-            attempt.proc.returncode or 0,  # set: finished() saw it exit
-            timeout_s=attempt.timeout_s,
-            stall_timeout_s=self.settings.stall_timeout_s,
-            worker_id=self.worker_id,
-            preempted_by=attempt.preempted_by,
-            lost_node=attempt.lost_node,
-        )
+        outcome = self._decide(attempt, stop, report)
         if attempt.node is not None and stop is None and report is not None and report.preempted:
             # Its ranks stopped with their peers (the stop flag is all-reduced): the node
             # whose worker sent the SIGTERM records how the attempt ended. Sent by no
@@ -600,6 +593,20 @@ class Supervisor:
             store.finish_attempt(self.engine, fence, outcome)
         log.info("job %s: attempt %d %s", attempt.job_id, fence.attempt, outcome.reason_message)
         return True
+
+    def _decide(
+        self, attempt: Attempt, stop: StopReason | None, report: RunnerReport | None
+    ) -> store.Outcome:
+        return decide(
+            stop,
+            report,
+            attempt.proc.returncode or 0,  # set: finished() saw it exit
+            timeout_s=attempt.timeout_s,
+            stall_timeout_s=self.settings.stall_timeout_s,
+            worker_id=self.worker_id,
+            preempted_by=attempt.preempted_by,
+            lost_node=attempt.lost_node,
+        )
 
     def _take_back(self, attempt: Attempt, files: JobFiles) -> None:
         """The job's folder and the virtualenvs it built, back to the worker's account."""

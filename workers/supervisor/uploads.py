@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -58,12 +59,15 @@ class EndUploads:
     def _run(self) -> None:
         started = time.monotonic()
         try:
-            if not self.sync.flush(self.timeout_s):
-                self.note(
-                    f"checkpoints: the newest stays on this box's disk only, the object store "
-                    f"did not take it in {self.timeout_s:.0f}s ({self.sync.trouble})"
-                )
-            if self.artifacts:
+            try:
+                if not self.sync.flush(self.timeout_s) and not self.sync.cancelled:
+                    self.note(
+                        f"checkpoints: the newest stays on this box's disk only, the object "
+                        f"store did not take it in {self.timeout_s:.0f}s ({self.sync.trouble})"
+                    )
+            except Exception:  # the artifacts still go up
+                log.exception("job %s: its last checkpoint upload failed", self.sync.job_id)
+            if self.artifacts and not self.sync.cancelled:
                 left = max(0.0, self.timeout_s - (time.monotonic() - started))
                 self._artifacts(left)
         except Exception:  # the job's end must be recorded whatever happened here
@@ -77,7 +81,9 @@ class EndUploads:
         wait = RETRY_FIRST_S
         while True:
             try:
-                manifest = upload_artifacts(self.sync.store, self.sync.job_id, self.sync.root)
+                manifest = upload_artifacts(
+                    self.sync.store, self.sync.job_id, self.sync.root, lambda: self.sync.cancelled
+                )
             except (StoreError, OSError) as exc:
                 if time.monotonic() + wait > deadline:
                     self.note(f"artifacts: not in the object store, on this box only: {exc}")
@@ -94,15 +100,28 @@ class EndUploads:
             return
 
 
-def upload_artifacts(store: ObjectStore, job_id: int, root: Path) -> Manifest:
+def _regular(path: Path) -> bool:
+    """A regular file, not a link to one (a job may plant a link where its weights go)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def upload_artifacts(
+    store: ObjectStore, job_id: int, root: Path, cancelled: Callable[[], bool] = lambda: False
+) -> Manifest:
     """The job's final files (weights, spec.json, output/) into the store, then the
-    manifest that makes them its artifacts; never through a link in the job's folder."""
-    names = [n for n in (MODEL_FILE, SPEC_FILE) if (root / n).is_file()]
+    manifest that makes them its artifacts; never through a link in the job's folder.
+    ``cancelled``: the lease was lost meanwhile: no manifest is written."""
+    names = [n for n in (MODEL_FILE, SPEC_FILE) if _regular(root / n)]
     output = root / OUTPUT
     if output.is_dir() and not output.is_symlink():
         names += [f"{OUTPUT}/{name}" for name in scan(output)]
     files = []
     for name in sorted(names):
+        if cancelled():
+            return Manifest(job_id=job_id)
         fd = nofollow.open_file(root, root / name)
         with os.fdopen(fd, "rb") as file:
             size = os.fstat(fd).st_size
@@ -110,6 +129,6 @@ def upload_artifacts(store: ObjectStore, job_id: int, root: Path) -> Manifest:
             store.put_file(key, file)
         files.append(StoredFile(name=name, key=key, size=size))
     manifest = Manifest(job_id=job_id, written_at=time.time(), files=files)
-    if files:
+    if files and not cancelled():
         layout.publish_artifacts(store, manifest)
     return manifest

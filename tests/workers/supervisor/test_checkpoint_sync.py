@@ -17,7 +17,7 @@ import pytest
 
 from service.objects import layout
 from service.objects.layout import KEEP_MANIFESTS, Manifest, StoredFile
-from service.objects.store import ObjectStore, StoreError
+from service.objects.store import ObjectStore
 from tests.object_store import S3Server
 from tests.stack import wait_for
 from workers import jobfiles
@@ -155,7 +155,7 @@ def test_each_file_version_goes_up_once_and_old_manifests_are_pruned(
         )
         assert third.by_name()["c.pt"].key == second.by_name()["c.pt"].key
     finally:
-        sync.close()
+        sync.flush(timeout_s=10)  # the thread's last upload and prune done
     # The first manifest and a.pt, which only it named, are gone; what is kept is whole.
     assert len(manifest_keys(store)) == KEEP_MANIFESTS
     objects = file_objects(store)
@@ -310,11 +310,66 @@ def test_restore_of_a_manifest_naming_a_missing_object_leaves_the_folder_alone(
     folder = folder_of(tmp_path, mine)
     age(folder, 3600)
 
-    with pytest.raises(StoreError):
-        make_sync(store, tmp_path, attempt=2).restore(always=False)
+    # No manifest before it is whole: nothing to restore, the folder left as it was.
+    assert make_sync(store, tmp_path, attempt=2).restore(always=False) is None
 
     assert contents(folder) == mine
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoints"]
+
+
+def test_restore_takes_the_manifest_before_one_whose_objects_are_gone(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """Another writer pruned the newest manifest's objects meanwhile: the one before is
+    whole, and it is what the attempt resumes from."""
+    store = s3.store()
+    whole = {"model.pt": b"whole" * 20}
+    publish(store, whole, written_at=time.time() - 10)
+    broken = publish(store, {"model.pt": b"gone" * 20}, written_at=time.time())
+    store.delete([f.key for f in broken.files])
+    folder = folder_of(tmp_path, {})
+
+    said = make_sync(store, tmp_path, attempt=2).restore(always=True)
+
+    assert said is not None and "resuming from the store's newest" in said
+    assert contents(folder) == whole
+
+
+def test_restore_writes_nothing_through_a_link_the_job_left(s3: S3Server, tmp_path: Path) -> None:
+    """The job owns its folder between attempts: links it leaves there under any name the
+    restore might use are never written through."""
+    store = s3.store()
+    stored = {"model.pt": b"weights" * 10}
+    publish(store, stored, written_at=time.time())
+    root = tmp_path / "job"
+    folder = folder_of(root, {})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in (f".checkpoints-restore-{os.getpid()}", f".checkpoints-old-{os.getpid()}"):
+        (root / name).symlink_to(elsewhere)
+
+    make_sync(store, root, attempt=2).restore(always=True)
+
+    assert contents(folder) == stored
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_manifests_sort_by_their_sequence_before_the_clock(s3: S3Server, tmp_path: Path) -> None:
+    """A job handed back keeps its attempt number; the box that takes it may keep an
+    earlier clock. Its manifests still sort after the one it resumed from."""
+    store = s3.store()
+    ahead = Manifest(job_id=JOB, attempt=1, seq=1, written_at=time.time(), files=[])
+    layout.publish_checkpoint(store, ahead)
+    folder_of(tmp_path, {})
+    sync = make_sync(store, tmp_path, attempt=1)
+    sync.restore(always=True)
+    assert sync.seq == 1
+    (tmp_path / "checkpoints" / "model.pt").write_bytes(b"later")
+    sync.start()
+    assert sync.flush(timeout_s=10)
+
+    newest = layout.newest_checkpoint(store, JOB)
+    assert newest is not None and newest.seq == 2 and newest.by_name().keys() == {"model.pt"}
 
 
 # -- faults ---------------------------------------------------------------------------------
