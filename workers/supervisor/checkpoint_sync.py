@@ -188,6 +188,7 @@ class CheckpointSync:
         folder in its place: whole, or the old one left as it was. The new folder's name
         is made here, at random, and the folder created anew (mkdtemp): nothing the job
         left in its folder (a link named as a guess) is written through."""
+        self.root.mkdir(parents=True, exist_ok=True)  # in jobs/, which only the worker changes
         staging = Path(tempfile.mkdtemp(prefix=".checkpoints-restore-", dir=self.root))
         try:
             for stored in manifest.files:

@@ -317,6 +317,19 @@ def test_restore_of_a_manifest_naming_a_missing_object_leaves_the_folder_alone(
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoints"]
 
 
+def test_restore_on_a_box_that_never_ran_the_job_makes_its_folder(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    store = s3.store()
+    stored = {"model.pt": b"weights" * 10}
+    publish(store, stored, written_at=time.time())
+    root = tmp_path / "jobs" / str(JOB)  # not there yet: nothing of the job ran here
+
+    make_sync(store, root, attempt=2).restore(always=False)
+
+    assert contents(root / "checkpoints") == stored
+
+
 def test_restore_takes_the_manifest_before_one_whose_objects_are_gone(
     s3: S3Server, tmp_path: Path
 ) -> None:
