@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text, update
+from sqlalchemy import Engine, update
 from starlette.requests import ClientDisconnect
 
 from service import blob_rows, blob_upkeep, blobs, store
@@ -38,16 +38,6 @@ def stored(blob_store: BlobStore) -> list[str]:
     return sorted(
         str(p.relative_to(blob_store.root)) for p in blob_store.root.rglob("*") if p.is_file()
     )
-
-
-@pytest.fixture
-def db(engine: Engine) -> Engine:
-    """The test's database with no blob rows (the PostgreSQL one is shared by the run)."""
-    with engine.begin() as conn:
-        conn.execute(text("DELETE FROM job_blob"))
-        conn.execute(text("DELETE FROM blob_upload"))
-        conn.execute(text("DELETE FROM blob"))
-    return engine
 
 
 @pytest.fixture

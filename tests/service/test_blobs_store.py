@@ -3,7 +3,6 @@ delete and the sweep remove the copy, and a store that is down fails none of the
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -19,24 +18,10 @@ from service.objects.layout import blob_key
 from service.objects.store import ObjectMissing, ObjectStore
 from service.settings import Settings
 from tests.object_store import S3Server
+from tests.service.test_blobs import API, digest_of
 from tests.stack import wait_for
 
-API = "/api/v1/blobs"
 LIMIT = 1024 * 1024
-
-
-def digest_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def db(engine: Engine) -> Engine:
-    """The test's database with no blob rows (the PostgreSQL one is shared by the run)."""
-    with engine.begin() as conn:
-        conn.execute(text("DELETE FROM job_blob"))
-        conn.execute(text("DELETE FROM blob_upload"))
-        conn.execute(text("DELETE FROM blob"))
-    return engine
 
 
 @pytest.fixture
