@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func
@@ -25,7 +23,7 @@ from service.db import read_session
 from service.errors import QueueQuotaReached
 from service.models import Job, JobCreate, JobStatus
 from service.settings import Settings
-from tests.stack import free_port, wait_for
+from tests.stack import serving, wait_for
 from tests.team.test_users_and_tokens import ADMIN, ADMIN_TOKEN, SPEC, add_user, bearer
 
 JOBS = "/api/v1/jobs"
@@ -211,21 +209,6 @@ def test_a_job_larger_than_its_owners_running_quota_is_refused(
         assert "(TRAINYARD_MAX_RUNNING_DEVICES_PER_USER)" in r.json()["detail"][0]["msg"]
     with read_session(engine) as session:
         assert session.exec(select(func.count()).select_from(Job)).one() == 2
-
-
-@contextlib.contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    """The app on a real uvicorn in a thread (streams need a real connection); its URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, 10, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_event_streams_are_capped_per_user_and_in_all(team: Settings, engine: Engine) -> None:

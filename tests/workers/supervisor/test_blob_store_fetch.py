@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from service.app import create_app
 from service.migrate import upgrade
 from service.objects.layout import blob_key
 from service.settings import Settings
 from tests.object_store import S3Server
-from tests.stack import free_port, wait_for
+from tests.stack import free_port
+from tests.stack import serving as serving_app
 from workers.supervisor.blob_cache import BlobCache
 
 TOKEN = "a-test-token-of-enough-length"
@@ -43,18 +42,8 @@ def serving(tmp_path: Path, storage_url: str | None = None) -> Iterator[str]:
         allowed_hosts=["127.0.0.1"],
         storage_url=storage_url,
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, 10, "the API to listen")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving_app(create_app(settings)) as api_url:
+        yield api_url
 
 
 def upload(api_url: str, data: bytes) -> str:
