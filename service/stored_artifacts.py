@@ -13,46 +13,32 @@ import logging
 
 from service.artifacts import ArtifactNotFound, ArtifactRead, is_artifact_name
 from service.objects.layout import (
-    Manifest,
     StoredFile,
     job_prefix,
     newest_checkpoint,
     stored_artifacts,
 )
-from service.objects.store import ObjectMissing, ObjectStore
+from service.objects.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 # The checkpoint folder in a job's folder, as the worker names it (workers.jobfiles).
 CHECKPOINTS = "checkpoints"
-# A manifest read may find it dropped meanwhile (a newer one was published and the old
-# pruned between the listing and the read): the listing is read again, this many times.
-READS = 3
 
 
 def stored_files(store: ObjectStore, job_id: int) -> dict[str, StoredFile]:
     """The job's whole files in the store, by name: its newest checkpoint's and its final
     artifacts (which win on a name both have: they were written last). Raises the store's
     ``StoreError`` when it cannot be read."""
-    checkpoint, final = _manifests(store, job_id)
+    # A checkpoint manifest pruned between the listing and its read gives way to the one
+    # before (layout.checkpoints_newest_first); artifacts.json is replaced, never removed.
+    checkpoint, final = newest_checkpoint(store, job_id), stored_artifacts(store, job_id)
     found: dict[str, StoredFile] = {}
     if checkpoint is not None:
         found.update({f"{CHECKPOINTS}/{f.name}": f for f in checkpoint.files})
     if final is not None:
         found.update({f.name: f for f in final.files})
     return {name: f for name, f in found.items() if _servable(job_id, name, f)}
-
-
-def _manifests(store: ObjectStore, job_id: int) -> tuple[Manifest | None, Manifest | None]:
-    """The newest checkpoint's manifest and the final artifacts', each None if none."""
-    attempt = 1
-    while True:
-        try:
-            return newest_checkpoint(store, job_id), stored_artifacts(store, job_id)
-        except ObjectMissing:
-            if attempt == READS:
-                raise
-            attempt += 1
 
 
 def _servable(job_id: int, name: str, stored: StoredFile) -> bool:
