@@ -255,6 +255,12 @@ def measure_download(
 # -- the run --------------------------------------------------------------------------------
 
 
+def say_ratio(what: str, ratio: float, rounds: list[float], goal: float) -> None:
+    verdict = "met" if ratio >= goal else "missed"
+    each = ", ".join(f"{r:.3f}" for r in rounds)
+    print(f"\n{what}: {ratio:.3f}x (rounds {each}); goal >= {goal}x: {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="turns of each side")
@@ -284,10 +290,7 @@ def main() -> None:
                 f"checkpoint each (median of {args.rounds} rounds)"
             )
             print_table(title, train["rows"])
-            verdict = "met" if train["ratio"] >= TRAIN_GOAL else "missed"
-            print(f"\nstore / local samples/s: {train['ratio']:.3f}x "
-                  f"(rounds {', '.join(f'{r:.3f}' for r in train['ratios'])}); "
-                  f"goal >= {TRAIN_GOAL}x: {verdict}")  # fmt: skip
+            say_ratio("store / local samples/s", train["ratio"], train["ratios"], TRAIN_GOAL)
             result["train"] = train
         if "download" in only:
             down = measure_download(tmp, store, moto.endpoint, args.rounds, args.gib)
@@ -296,10 +299,12 @@ def main() -> None:
                 f"{args.rounds} rounds"
             )
             print_table(title, down["rows"])
-            verdict = "met" if down["ratio"] >= DOWNLOAD_GOAL else "missed"
-            print(f"\nObjectStore.download / boto3 download_file: {down['ratio']:.3f}x "
-                  f"(rounds {', '.join(f'{r:.3f}' for r in down['ratios'])}); "
-                  f"goal >= {DOWNLOAD_GOAL}x: {verdict}")  # fmt: skip
+            say_ratio(
+                "ObjectStore.download / boto3 download_file",
+                down["ratio"],
+                down["ratios"],
+                DOWNLOAD_GOAL,
+            )
             print(f"like for like, boto3 with ObjectStore's parts: "
                   f"{down['ratio_same_parts']:.3f}x")  # fmt: skip
             result["download"] = down
